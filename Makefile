@@ -1,0 +1,47 @@
+# dflash-pipeline: every target is a one-liner that delegates (see README.md).
+#   make demo   - set up if needed, then `dvc repro` the whole pipeline on the embedded tiny target (CPU)
+#   make test   - set up if needed, then the test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+# torch==2.13.0+cpu is not on PyPI. pip finds it in a local wheel folder (pip's find-links) on our machines;
+# elsewhere: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+PARAMS ?= params.yaml
+GPU_OVERLAY ?= params/gpu-qwen3.6-27b.yaml
+
+.PHONY: setup demo repro test test-fast lint plan clean-venv
+
+setup: $(STAMP)
+
+# One pip command installs the whole locked CPU set (--no-deps: exactly the lock, nothing re-added),
+# then the four packages that break `import transformers` on this CPU torch are removed if present.
+$(STAMP): requirements/cpu.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --no-deps $(PIP_EXTRA) -r requirements/cpu.txt 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>&1 | { grep -v "not installed" || true; }
+	$(PY) -c "import torch, transformers, vllm, pyarrow, dvc; print('setup ok: torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	dvc repro
+
+repro: $(STAMP)
+	dvc repro
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean-venv:
+	rm -rf $(VENV)

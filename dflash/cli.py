@@ -1,0 +1,60 @@
+"""Command-line plumbing shared by every `stages/*.py` entry point.
+
+Each stage accepts `--params FILE` (default `params.yaml`), `--overlay FILE` (a second params file
+deep-merged on top, e.g. the GPU profile) and repeated `-S section.key=value` overrides, the spelling
+that `dvc exp run -S` uses. Errors the user can fix (bad params, bad input, a crossed gate) print one
+clear message and exit non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from dflash.config import Params, ParamsError, load_params
+
+
+class StageError(RuntimeError):
+    """A failure the user must act on (bad input file, crossed gate...). Printed without traceback."""
+
+    exit_code = 1
+
+
+def parse_stage_args(description: str, argv: list[str] | None = None) -> tuple[Params, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="second params file merged on top (repeatable), e.g. params/gpu-qwen3.6-27b.yaml",
+    )
+    parser.add_argument(
+        "-S",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one param (repeatable), as in `dvc exp run -S`",
+    )
+    args = parser.parse_args(argv)
+    params = load_params(args.params, args.overrides, args.overlay)
+    return params, args
+
+
+def run(main: Callable[[Params], object], description: str, argv: list[str] | None = None) -> None:
+    """Parse args, run `main(params)`, and turn user-facing errors into a message and an exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        params, _ = parse_stage_args(description, argv)
+        main(params)
+    except ParamsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except StageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
