@@ -73,11 +73,33 @@ class TargetParams:
 
 
 @dataclass(frozen=True)
+class DrafterParams:
+    """The drafter's OWN geometry. Hidden size and vocabulary come from the target (enforced);
+    nothing else is copied from it (the seeds' bug: head_dim / heads / KV heads taken from the target)."""
+
+    num_hidden_layers: int  # drafter decoder layers (paper: 5)
+    num_attention_heads: int  # the drafter's own query heads (Qwen3.6-27B drafter: 32)
+    num_key_value_heads: int  # the drafter's own KV heads (Qwen3.6-27B drafter: 8)
+    head_dim: int  # the drafter's own head width (Qwen3.6-27B drafter: 128)
+    intermediate_size: int  # SwiGLU width (Qwen3.6-27B drafter: 17408)
+    layer_types: list[str]  # per layer "full_attention" | "sliding_attention"; [] = all full_attention
+    sliding_window: int  # window (tokens) of sliding_attention layers
+    rope_theta: float  # the drafter's RoPE base (full-head rotary)
+    rms_norm_eps: float  # RMSNorm epsilon
+    max_position_embeddings: int  # longest position the drafter supports
+    block_size: int  # B: slot 0 = anchor, slots 1..B-1 = mask token; serve with B-1 speculative tokens
+    mask_token_id: int  # an unused embedding row of the target (Qwen3: 151669; Qwen3.5/3.6: 248070)
+    target_layer_ids: list[int]  # target layers (0-based outputs) feeding the drafter; [] = default rule
+    num_target_features: int  # K for the default rule: K ids evenly spaced from 1 to n-3
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml. Sections appear here as their stages land."""
 
     base: BaseParams
     target: TargetParams
+    drafter: DrafterParams
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,6 +320,7 @@ def as_dict(obj: Any) -> Any:
 
 __all__ = [
     "BaseParams",
+    "DrafterParams",
     "Params",
     "ParamsError",
     "TargetParams",
