@@ -22,7 +22,11 @@ class StageError(RuntimeError):
     exit_code = 1
 
 
-def parse_stage_args(description: str, argv: list[str] | None = None) -> tuple[Params, argparse.Namespace]:
+def parse_stage_args(
+    description: str,
+    argv: list[str] | None = None,
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> tuple[Params, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     parser.add_argument(
@@ -41,17 +45,28 @@ def parse_stage_args(description: str, argv: list[str] | None = None) -> tuple[P
         metavar="SECTION.KEY=VALUE",
         help="override one param (repeatable), as in `dvc exp run -S`",
     )
+    if add_args is not None:
+        add_args(parser)
     args = parser.parse_args(argv)
     params = load_params(args.params, args.overrides, args.overlay)
     return params, args
 
 
-def run(main: Callable[[Params], object], description: str, argv: list[str] | None = None) -> None:
-    """Parse args, run `main(params)`, and turn user-facing errors into a message and an exit code."""
+def run(
+    main: Callable[..., object],
+    description: str,
+    argv: list[str] | None = None,
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """Parse args, run `main(params)` (or `main(params, args)` when the stage adds its own flags via
+    `add_args`), and turn user-facing errors into a message and an exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        params, _ = parse_stage_args(description, argv)
-        main(params)
+        params, args = parse_stage_args(description, argv, add_args)
+        if add_args is None:
+            main(params)
+        else:
+            main(params, args)
     except ParamsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

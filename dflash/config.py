@@ -94,12 +94,48 @@ class DrafterParams:
 
 
 @dataclass(frozen=True)
+class GenerateSamplingParams:
+    """Every sampling field explicit, so runs never depend on a model's generation_config defaults."""
+
+    temperature: float  # 0 = greedy
+    top_p: float  # nucleus sampling mass (1.0 = off)
+    top_k: int  # 0 = off
+    max_tokens: int  # completion budget per turn (reasoning + answer)
+    seed: int  # per-request seeds derive from this and the sample id
+    stop: list[str]  # extra stop strings (the end-of-turn token always stops)
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """Regenerate every assistant turn with the target through vLLM (see dflash/generate.py)."""
+
+    input: str  # normalized conversations from the audit stage (conversations.arrow)
+    out: str  # output folder (persisted across runs: resumable); one run-<hash>/ per output-changing config
+    pilot_out: str  # output folder of pilot runs
+    pilot_samples: int  # prompts in a pilot (`python -m stages.generate --pilot`); seeded random sample
+    num_engines: int  # worker processes, one vLLM engine each (data parallel; one per GPU on GPU hosts)
+    tensor_parallel_size: int  # GPUs per engine
+    unit_size: int  # conversations per work unit (the resume and commit unit)
+    max_unit_retries: int  # retries of a unit whose engine crashed, before it is recorded as failed
+    dtype: str  # engine dtype: bfloat16 | float16 | float32
+    quantization: str  # "" | fp8 (weights quantized at load)
+    max_model_len: int  # context limit; longer prompts are skipped, completions stop there
+    max_num_seqs: int  # concurrent sequences per engine (hybrid targets: bounded by the Mamba/GDN cache)
+    max_num_batched_tokens: int  # tokens per engine step (chunked prefill budget)
+    gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) the engine reserves
+    enable_prefix_caching: bool  # vLLM prefix caching (little gain on independent prompts)
+    enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
+    sampling: GenerateSamplingParams
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml. Sections appear here as their stages land."""
 
     base: BaseParams
     target: TargetParams
     drafter: DrafterParams
+    generate: GenerateParams
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,6 +357,7 @@ def as_dict(obj: Any) -> Any:
 __all__ = [
     "BaseParams",
     "DrafterParams",
+    "GenerateParams",
     "Params",
     "ParamsError",
     "TargetParams",

@@ -50,3 +50,57 @@ def qwen_tokenizer():
     from dflash.target import load_tokenizer, qwen3_tokenizer_dir
 
     return load_tokenizer(qwen3_tokenizer_dir())
+
+
+def write_conversations(path, conversations, tools=None):
+    """Write hand-made conversations in the audit stage's conversations.arrow contract (for tests of
+    later stages that must not depend on the audit implementation)."""
+    import json
+
+    import pyarrow as pa
+
+    from dflash.io import canonical_json, sha256_text, write_arrow
+
+    rows = []
+    for i, messages in enumerate(conversations):
+        t = (tools or {}).get(i)
+        cid = sha256_text(canonical_json({"messages": messages, "tools": t}))[:16]
+        prompt = list(messages)
+        while prompt and prompt[-1]["role"] == "assistant":
+            prompt.pop()
+        rows.append(
+            {
+                "conversation_id": cid,
+                "source_file": "test",
+                "source_row": i,
+                "messages": json.dumps(messages),
+                "prompt_messages": json.dumps(prompt),
+                "tools": json.dumps(t) if t else "",
+                "num_user_turns": sum(m["role"] == "user" for m in messages),
+                "num_assistant_turns": sum(m["role"] == "assistant" for m in messages),
+                "has_system": any(m["role"] == "system" for m in messages),
+                "has_tool_calls": any(m.get("tool_calls") for m in messages),
+                "prompt_chars": sum(len(m.get("content") or "") for m in prompt),
+                "prompt_tokens": -1,
+                "placeholder_turns": 0,
+            }
+        )
+    write_arrow(path, pa.Table.from_pylist(rows))
+    return [r["conversation_id"] for r in rows]
+
+
+@pytest.fixture(scope="session")
+def sample_conversations():
+    """The bundled sample's well-formed messages-format conversations (no audit needed)."""
+    import json
+
+    out = []
+    for line in (REPO / "data/sample/messages.jsonl").read_bytes().split(b"\n"):
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        msgs = row.get("messages")
+        if msgs and all("content" in m for m in msgs) and msgs not in out:
+            out.append(msgs)
+    return out

@@ -1,0 +1,40 @@
+"""Stage `generate` (and `pilot`): regenerate every assistant turn with the target through real vLLM.
+
+Inputs: `${generate.input}` (the audit's conversations.arrow), the target in `${base.target_dir}`.
+Outputs: `${generate.out}/run-<hash>/unit-*.arrow` + `current.json`, metrics `reports/generate.json`;
+with `--pilot`: `${generate.pilot_out}/...` and `reports/pilot.json` (throughput, output lengths,
+extrapolated full-run tokens and hours). Resumable: re-running skips committed units.
+
+    python -m stages.generate --params params.yaml
+    python -m stages.generate --params params.yaml --pilot
+"""
+
+from dflash import cli
+
+
+def add_args(parser):
+    parser.add_argument(
+        "--pilot", action="store_true", help="pilot: generate.pilot_samples prompts, write reports/pilot.json"
+    )
+
+
+def main(params, args):
+    from dflash import generate
+
+    metrics = generate.run(params, pilot=args.pilot)
+    keys = ("num_prompts", "num_completed", "num_skipped", "num_failed", "output_tokens_per_s", "mean_output_tokens")
+    print(
+        {k: metrics.get(k) for k in keys if k in metrics}
+        | ({"estimated_total_hours": metrics["estimated_total_hours"]} if args.pilot else {})
+    )
+    failed = metrics.get("units_failed") or []
+    if failed:
+        raise cli.StageError(
+            f"generate: {len(failed)} work unit(s) failed after retries ({metrics['num_failed']} prompts): "
+            + ", ".join(f"{f['name']} (exit code {f['exit_code']}, {f['attempts']} attempts)" for f in failed)
+            + ". Completed units are kept; fix the cause and re-run to finish them."
+        )
+
+
+if __name__ == "__main__":
+    cli.run(main, __doc__.split("\n\n")[0], add_args=add_args)
