@@ -143,7 +143,7 @@ def load_drafter(
 
     folder = Path(folder)
     config = read_config(folder)
-    validate_config(config, target_config, tokenizer, source=str(folder / CONFIG), keys=_JSON_KEYS)
+    validate_config(config, target_config, tokenizer, prefix=f"{folder / CONFIG}: ", keys=_JSON_KEYS)
     state = load_file(str(folder / WEIGHTS), device=str(device))
     expected = set(body_keys(config))
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)

@@ -92,7 +92,12 @@ def target_dims(target_config: Any) -> tuple[int, int, int]:
 def check_mask_token(mask_token_id: int, tokenizer: Any, where: str = "drafter.mask_token_id") -> None:
     """The mask token must never occur in real data. Ids past the tokenizer (Qwen3: 151669 = len(tokenizer))
     are safe; an id inside it must be an added special token that is not eos/bos/pad/unk and is not
-    spelled in the chat template. Text tokens and special tokens the data uses are refused."""
+    spelled in the chat template. Text tokens and special tokens the data uses are refused. `tokenizer` may
+    also be a plain int, the number of ids the tokenizer can emit (then every id below it is refused)."""
+    if isinstance(tokenizer, int):
+        if mask_token_id < tokenizer:
+            raise ValueError(f"{where}: {mask_token_id} is below the tokenizer's {tokenizer} ids; pick an unused row")
+        return
     if mask_token_id >= len(tokenizer):
         return
     token = tokenizer.convert_ids_to_tokens(mask_token_id)
@@ -108,14 +113,15 @@ def validate_config(
     cfg: DrafterConfig,
     target_config: Any = None,
     tokenizer: Any = None,
-    source: str = "drafter",
+    prefix: str = "drafter.",
     keys: dict[str, str] | None = None,
 ) -> None:
-    """Raise ValueError naming `source.key` for anything that would train or serve a broken drafter."""
+    """Raise ValueError naming `prefix + key` (params: "drafter.block_size"; an export: "DIR/config.json:
+    dflash_config.target_layer_ids") for anything that would train or serve a broken drafter."""
     keys = keys or {}
 
     def fail(field: str, msg: str) -> None:
-        raise ValueError(f"{source}.{keys.get(field, field)}: {msg}")
+        raise ValueError(f"{prefix}{keys.get(field, field)}: {msg}")
 
     for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
         if getattr(cfg, field) < 1:
@@ -167,7 +173,7 @@ def validate_config(
         if n != layers:
             fail("num_target_layers", f"drafter was built for {n} target layers, the target has {layers}")
     if tokenizer is not None:
-        check_mask_token(cfg.mask_token_id, tokenizer, f"{source}.{keys.get('mask_token_id', 'mask_token_id')}")
+        check_mask_token(cfg.mask_token_id, tokenizer, f"{prefix}{keys.get('mask_token_id', 'mask_token_id')}")
 
 
 def build_drafter_config(drafter: DrafterParams, target_config: Any, tokenizer: Any = None) -> DrafterConfig:
@@ -201,7 +207,7 @@ def build_drafter_config(drafter: DrafterParams, target_config: Any, tokenizer: 
         target_layer_ids=tuple(ids),
         num_target_layers=n_layers,
     )
-    validate_config(cfg, target_config, tokenizer, source="drafter")
+    validate_config(cfg, target_config, tokenizer, prefix="drafter.")
     return cfg
 
 

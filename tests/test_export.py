@@ -114,10 +114,10 @@ def test_loading_for_another_target_is_refused(small, tmp_path):
     cfg, model = small
     save_drafter(model, cfg, tmp_path)
     with pytest.raises(
-        ValueError, match=r"config\.json\.hidden_size: drafter hidden size 64 != target hidden size 128"
+        ValueError, match=r"config\.json: hidden_size: drafter hidden size 64 != target hidden size 128"
     ):
         load_drafter(tmp_path, target_config=_target(hidden=128))
-    with pytest.raises(ValueError, match=r"config\.json\.num_target_layers"):
+    with pytest.raises(ValueError, match=r"config\.json: num_target_layers:"):
         load_drafter(tmp_path, target_config=_target(layers=8))
     raw = json.loads((tmp_path / "config.json").read_text())
     raw["dflash_config"]["target_layer_ids"] = [1, 5]  # the target's last layer

@@ -177,6 +177,9 @@ def test_mask_token_used_by_the_tokenizer_is_refused(params, qwen_tokenizer):
     for bad in (100, 151645, 151668):  # a text token, <|im_end|> (eos), </think> (in the chat template)
         with pytest.raises(ValueError, match=r"drafter\.mask_token_id:"):
             build_drafter_config(drafter_params(params, mask_token_id=bad), target, qwen_tokenizer)
+    with pytest.raises(ValueError, match=r"drafter\.mask_token_id:"):
+        build_drafter_config(drafter_params(params, mask_token_id=151000), target, 151669)  # just a vocab size
+    assert build_drafter_config(drafter_params(params, mask_token_id=151669), target, 151669).mask_token_id == 151669
 
 
 # ---------------------------------------------------------------------------------------------- forward
