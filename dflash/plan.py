@@ -383,6 +383,7 @@ def make_plan(params: Any) -> dict:
         tr = training_estimate(target, drafter, hw, ta, plan.weight_dtype, g, data, n_t, ta.layout if g > 1 else "auto")
         row["train_hours"] = tr["headline"]["total_hours"]
         row["train_layout"] = tr["layout"]
+        row["train_fits"] = tr["headline"]["fits"]
         scaling.append(row)
     tparams = sizing.target_params(target)
     dparams = sizing.drafter_params(drafter)

@@ -275,7 +275,15 @@ def render_markdown(p: dict) -> str:
     lines += ["", "## Time vs GPU count", ""]
     lines += _table(
         ["GPUs", "generation", "training", "training layout"],
-        [[r["gpus"], _h(r["generation_hours"]), _h(r["train_hours"]), r["train_layout"]] for r in p["scaling"]],
+        [
+            [
+                r["gpus"],
+                _h(r["generation_hours"]),
+                _h(r["train_hours"]),
+                r["train_layout"] + ("" if r["train_fits"] else " (DOES NOT FIT)"),
+            ]
+            for r in p["scaling"]
+        ],
     )
     lines += ["", "## Assumptions", ""] + [f"- {a}" for a in p["assumptions"]]
     return "\n".join(lines) + "\n"
