@@ -43,5 +43,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+plan: $(STAMP)
+	python -m stages.plan --params $(PARAMS)
+
 clean-venv:
 	rm -rf $(VENV)

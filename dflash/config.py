@@ -129,6 +129,73 @@ class GenerateParams:
 
 
 @dataclass(frozen=True)
+class PlanDatasetParams:
+    """Dataset fallbacks for the plan, used until the audit / tokenize / pilot metrics exist."""
+
+    num_prompts: int  # prompts to complete (audit.json num_conversations replaces it when present)
+    mean_prompt_tokens: float  # mean prompt length in target tokens (audit.json mean_prompt_tokens replaces it)
+    mean_output_tokens: float  # assumed mean completion length in tokens (pilot.json mean_output_tokens replaces it)
+    output_tokens_low: float  # low end of the assumed mean completion length (the estimate's range)
+    output_tokens_high: float  # high end of the assumed mean completion length (the estimate's range)
+
+
+@dataclass(frozen=True)
+class PlanGenerationParams:
+    """How generation runs (vLLM engine settings) and how close to the hardware peaks it gets."""
+
+    tensor_parallel_size: int  # GPUs per vLLM engine; 1 = one engine per GPU (data parallel)
+    gpu_memory_utilization: float  # vLLM's share of GPU memory for weights + cache + activations
+    max_num_seqs: int  # vLLM's cap on sequences decoded together per engine
+    max_model_len: int  # vLLM's max_model_len: one sequence this long must fit in the cache
+    kv_cache_dtype: Literal["bf16", "fp8"]  # KV cache element type of full-attention layers
+    ssm_state_dtype: Literal["bf16", "fp32"]  # Gated DeltaNet recurrent state type in the engine's cache
+    activation_reserve_gb: float  # per GPU, inside gpu_memory_utilization: activations, CUDA graphs, sampler
+    bandwidth_efficiency: float  # share of peak memory bandwidth a decode step reaches (H200 copy: 0.89 measured)
+    decode_mfu: float  # share of dense BF16 peak a compute-bound decode step reaches
+    prefill_mfu: float  # share of dense BF16 peak prefill reaches
+    output_length_cv: float  # coefficient of variation of output lengths (long ones stay resident longer)
+
+
+@dataclass(frozen=True)
+class PlanTrainParams:
+    """Training assumptions of the plan. Shared names with the future `train` section: max_length,
+    num_anchors, epochs, batch_size, grad_accum_steps (the train section should own them later)."""
+
+    num_gpus: int  # GPUs for training; 0 = plan.num_gpus
+    layout: Literal["auto", "single", "split", "data_parallel"]  # headline device layout; auto = fastest that fits
+    split_target_gpus: int  # split layout: GPUs holding the target (the others hold the drafter)
+    max_length: int  # tokens per training sequence (longer ones are cut)
+    num_anchors: int  # blocks sampled per sequence (fewer when the response is shorter)
+    epochs: int  # passes over the training data
+    batch_size: int  # sequences per GPU per micro-step
+    grad_accum_steps: int  # micro-steps per optimizer step
+    mfu: float  # share of dense BF16 peak training reaches
+    state_bytes_per_param: int  # drafter bytes/param: bf16 weight 2 + bf16 grad 2 + fp32 master 4 + AdamW 4 + 4
+    shard_optimizer: bool  # shard grads + optimizer states over the drafter's data-parallel ranks (ZeRO-2 / FSDP)
+    logits_chunk_blocks: int  # blocks whose logits exist at once (chunked loss)
+    runtime_reserve_gb: float  # per GPU: CUDA context, allocator slack, kernels' workspace
+
+
+@dataclass(frozen=True)
+class PlanParams:
+    """Stage `plan`: time, memory and cost estimates from configs, a GPU profile and measurements."""
+
+    target_config: str  # target config.json to plan for; "" = ${base.target_dir}/config.json
+    hardware_file: str  # GPU profiles file (memory, bandwidth, dense BF16 peak, interconnect, source)
+    hardware: str  # profile name in hardware_file
+    num_gpus: int  # GPUs of that profile
+    price_per_gpu_hour: float  # USD per GPU-hour for the cost lines; 0 = the profile's price (0 there = no cost)
+    weight_dtype: Literal["bf16", "fp8"]  # target weights: bf16, or fp8 matmul weights (embeddings stay bf16)
+    audit_json: str  # audit metrics read when present; "" = ${base.reports_dir}/audit.json
+    tokenize_json: str  # tokenize metrics read when present; "" = ${base.reports_dir}/tokenize.json
+    pilot_json: str  # generate pilot metrics read when present; "" = ${base.reports_dir}/pilot.json
+    gpu_counts: list[int]  # GPU counts for the time-vs-GPUs table and plots
+    dataset: PlanDatasetParams
+    generation: PlanGenerationParams
+    train_assumptions: PlanTrainParams
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml. Sections appear here as their stages land."""
 
@@ -136,6 +203,7 @@ class Params:
     target: TargetParams
     drafter: DrafterParams
     generate: GenerateParams
+    plan: PlanParams
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,6 +428,7 @@ __all__ = [
     "GenerateParams",
     "Params",
     "ParamsError",
+    "PlanParams",
     "TargetParams",
     "TinyTargetParams",
     "apply_overrides",

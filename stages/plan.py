@@ -1,0 +1,36 @@
+"""Stage `plan`: time, memory and cost estimates for generation and training, before GPU time is spent.
+
+Inputs: params `plan`, `drafter`, `base`; the target's config.json (`plan.target_config`, default
+`${base.target_dir}/config.json`); the GPU profiles file (`plan.hardware_file`); and, when they exist,
+the audit / tokenize / pilot metrics. No torch, no model download.
+Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (metrics),
+`plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots).
+
+    python -m stages.plan --params params.yaml
+    python -m stages.plan --overlay params/gpu-qwen3.6-27b.yaml    # Qwen3.6-27B on 4 x RTX PRO 6000
+"""
+
+from pathlib import Path
+
+from dflash import cli
+
+
+def main(params):
+    from dflash import plan, plan_report
+    from dflash.io import atomic_write, write_json
+
+    try:
+        result = plan.make_plan(params)
+    except ValueError as exc:  # a missing input or an impossible setting: say which param
+        raise cli.StageError(str(exc)) from None
+    out = Path(params.base.reports_dir)
+    text = plan_report.render_markdown(result)
+    atomic_write(out / "plan.md", text)
+    write_json(out / "plan.json", result)
+    atomic_write(out / "plan_generation_scaling.csv", plan_report.scaling_csv(result, "generation_hours"))
+    atomic_write(out / "plan_train_scaling.csv", plan_report.scaling_csv(result, "train_hours"))
+    print(text)
+
+
+if __name__ == "__main__":
+    cli.run(main, __doc__.split("\n\n")[0])

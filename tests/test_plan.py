@@ -1,0 +1,330 @@
+"""Plan stage: the seeds' arithmetic, counts checked against transformers, verdicts that flip, clear errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dflash import cli, plan, plan_report, sizing
+from dflash.config import load_params
+from stages import plan as plan_stage
+
+OVERLAY = "params/gpu-qwen3.6-27b.yaml"
+QWEN36 = "params/targets/qwen3.6-27b.config.json"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(repo_root, monkeypatch):
+    monkeypatch.chdir(repo_root)  # params name repo-relative files (params/hardware.yaml, params/targets/...)
+
+
+def _params(tmp_path: Path, *overrides: str, overlay: bool = True):
+    reports = tmp_path / "reports"
+    return load_params("params.yaml", [f"base.reports_dir={reports}", *overrides], [OVERLAY] if overlay else [])
+
+
+def _run_stage(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = 0
+    try:
+        cli.run(plan_stage.main, "plan", argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _hardware_file(tmp_path: Path, **changes) -> str:
+    """A copy of params/hardware.yaml with the rtx-pro-6000 profile changed (one file per change set)."""
+    import yaml
+
+    data = yaml.safe_load(Path("params/hardware.yaml").read_text())
+    data["profiles"]["rtx-pro-6000"].update(changes)
+    path = tmp_path / ("hardware-" + "-".join(f"{k}{v}" for k, v in changes.items()) + ".yaml")
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The seeds' own arithmetic, from their inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_seed_batch1_decode_bound():
+    # 54 GB of BF16 weights at 1.35 TB/s -> ~25 tok/s at batch 1
+    assert plan.batch1_tokens_per_s(54e9, 1.35e12) == pytest.approx(25.0, abs=0.05)
+
+
+def test_seed_generation_wall_time():
+    # 1.37 B output tokens at 3000 tok/s -> ~457K s (5.3 days)
+    seconds = plan.wall_seconds(1.37e9, 3000)
+    assert seconds == pytest.approx(457e3, rel=0.002)
+    assert 5.2 < seconds / 86400 < 5.4
+
+
+def test_seed_headroom_and_the_real_config(tmp_path):
+    assert plan.headroom_bytes(96e9, 54e9) == pytest.approx(42e9)
+    # the shipped Qwen3.6-27B config gives the seeds' 54 GB and 42 GB on the 96 GB card
+    result = plan.make_plan(_params(tmp_path))
+    assert result["generation"]["weights_gb"] == pytest.approx(54.0, abs=0.3)
+    assert result["generation"]["memory"]["headroom_gb_full_card"] == pytest.approx(42.0, abs=0.3)
+
+
+def test_seed_drafter_parameter_count(tmp_path):
+    result = plan.make_plan(_params(tmp_path))
+    assert result["drafter"]["params"]["total"] == pytest.approx(1.73e9, rel=0.003)  # ~1.73 B, 3.46 GB bf16
+
+
+# ---------------------------------------------------------------------------------------------
+# Counts against an independent computation (transformers modules on the meta device)
+# ---------------------------------------------------------------------------------------------
+
+
+def _meta_counts(model) -> dict[str, int]:
+    counts = {"vision": 0, "embed": 0, "lm_head": 0, "decoder": 0}
+    for name, p in model.named_parameters():
+        key = next(
+            (k for k, tag in (("vision", "visual"), ("embed", "embed_tokens"), ("lm_head", "lm_head")) if tag in name),
+            "decoder",
+        )
+        counts[key] += p.numel()
+    return counts
+
+
+def test_target_counts_match_transformers():
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    raw = json.loads(Path(QWEN36).read_text())
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**raw))
+    ref = _meta_counts(model)
+    ours = sizing.target_params(sizing.parse_target_config(raw, QWEN36))
+    assert ours["decoder"] == ref["decoder"]
+    assert ours["embed_tokens"] == ref["embed"]
+    assert ours["lm_head"] == ref["lm_head"]
+    assert ours["vision_skipped"] == pytest.approx(ref["vision"], rel=0.02)  # approximate on purpose
+    # text + MTP + vision = the 27.78 B behind the checkpoint's 55.56 GB of bf16 safetensors
+    assert ours["text_total"] + ours["mtp_skipped"] + ours["vision_skipped"] == pytest.approx(27.78e9, rel=0.002)
+
+
+def test_tiny_target_counts_match_transformers():
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.target import tiny_config
+
+    p = load_params("params.yaml")
+    cfg = tiny_config(p.target)
+    with torch.device("meta"):
+        ref = _meta_counts(Qwen3ForCausalLM(cfg))
+    ours = sizing.target_params(sizing.parse_target_config(cfg.to_dict(), "tiny"))
+    assert (ours["decoder"], ours["embed_tokens"], ours["lm_head"]) == (ref["decoder"], ref["embed"], ref["lm_head"])
+
+
+def test_drafter_count_matches_qwen3_layers(tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    p = _params(tmp_path)
+    d = p.drafter
+    cfg = Qwen3Config(
+        hidden_size=5120,
+        intermediate_size=d.intermediate_size,
+        num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads,
+        head_dim=d.head_dim,
+        num_hidden_layers=d.num_hidden_layers,
+    )
+    with torch.device("meta"):
+        layer = sum(x.numel() for x in Qwen3DecoderLayer(cfg, 0).parameters())
+    expected = d.num_hidden_layers * layer + len(d.target_layer_ids) * 5120 * 5120 + 2 * 5120  # + fc, hidden_norm, norm
+    target = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
+    assert sizing.drafter_params(sizing.drafter_arch(d, target))["total"] == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# Behaviour of the models
+# ---------------------------------------------------------------------------------------------
+
+
+def test_hybrid_cache_grows_with_attention_layers_only():
+    raw = json.loads(Path(QWEN36).read_text())
+    t = sizing.parse_target_config(raw, QWEN36)
+    assert (t.n_linear, t.n_attention) == (48, 16)
+    kv = sizing.kv_bytes_per_token(t, "bf16")
+    assert kv * 2000 == pytest.approx(2 * kv * 1000)  # KV grows linearly with length
+    assert sizing.linear_state_bytes(t, "bf16") > 0  # GDN state: constant per sequence
+    assert sizing.linear_state_bytes(t, "fp32") > sizing.linear_state_bytes(t, "bf16")
+    assert sizing.kv_bytes_per_token(t, "fp8") == kv / 2
+    dense = sizing.parse_target_config({**raw["text_config"], "layer_types": ["full_attention"] * 64}, "dense")
+    assert sizing.linear_state_bytes(dense, "bf16") == 0
+    assert sizing.kv_bytes_per_token(dense, "bf16") == 4 * kv  # 64 attention layers instead of 16
+
+
+def test_fp8_shrinks_matmul_weights_only():
+    t = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
+    bf16, fp8 = sizing.target_weight_bytes(t, "bf16"), sizing.target_weight_bytes(t, "fp8")
+    p = sizing.target_params(t)
+    assert bf16["loaded"] - fp8["loaded"] == p["decoder_linear"]  # one byte saved per matmul weight
+    assert bf16["loaded"] - bf16["read_per_step"] == 2 * p["embed_tokens"]  # decode gathers embedding rows only
+
+
+def test_decode_roofline_rises_with_batch_until_compute_binds(tmp_path):
+    p = _params(tmp_path)
+    t = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
+    hw = plan.select_gpu(plan.load_hardware("params/hardware.yaml"), "rtx-pro-6000", "hw")
+    read = sizing.target_weight_bytes(t, "bf16")["read_per_step"]
+    steps = [plan.decode_step(t, hw, p.plan.generation, read, b, 2000, 1) for b in (1, 8, 64)]
+    assert steps[0]["tokens_per_s"] < steps[1]["tokens_per_s"] < steps[2]["tokens_per_s"]
+    assert steps[0]["bound"] == "bandwidth"
+    fast_memory = replace(hw, bandwidth_tbps=1e4)
+    assert plan.decode_step(t, fast_memory, p.plan.generation, read, 64, 2000, 1)["bound"] == "compute"
+
+
+def test_training_memory_verdict_flips(tmp_path):
+    result = plan.make_plan(_params(tmp_path, "plan.train_assumptions.layout=data_parallel"))
+    lay = result["training"]["headline"]
+    assert lay["fits"]
+    need = lay["per_gpu"]["gpu"]["need_gb"]
+    small = _hardware_file(tmp_path, memory_gb=need - 0.5)
+    big = _hardware_file(tmp_path, memory_gb=need + 0.5)
+    base = ["plan.train_assumptions.layout=data_parallel"]
+    assert not plan.make_plan(_params(tmp_path, *base, f"plan.hardware_file={small}"))["training"]["headline"]["fits"]
+    assert plan.make_plan(_params(tmp_path, *base, f"plan.hardware_file={big}"))["training"]["headline"]["fits"]
+    # growing the batch grows activations until the same card no longer fits
+    verdicts = [
+        plan.make_plan(_params(tmp_path, *base, f"plan.train_assumptions.batch_size={b}"))["training"]["headline"][
+            "fits"
+        ]
+        for b in (1, 2, 4)
+    ]
+    assert verdicts[0] and not verdicts[-1]
+    # sharding the optimizer over 4 ranks is what makes data parallel fit where one GPU does not
+    single = result["training"]["layouts"]["single"]
+    assert single["per_gpu"]["gpu"]["need_gb"] > need
+
+
+def test_generation_verdict_flips_when_weights_do_not_fit(tmp_path):
+    ok = plan.make_plan(_params(tmp_path))["generation"]
+    assert ok["memory"]["fits"] and ok["memory"]["batch"] > 0
+    small = _hardware_file(tmp_path, memory_gb=60)  # 60 x 0.9 - 3 GB reserve < 53.8 GB of weights
+    gen = plan.make_plan(_params(tmp_path, f"plan.hardware_file={small}"))["generation"]
+    assert not gen["memory"]["fits"] and gen["memory"]["batch"] == 0
+    assert gen["model_tokens_per_s"] == 0 and gen["wall_hours"]["mid"] is None
+    result = plan.make_plan(_params(tmp_path, f"plan.hardware_file={small}"))
+    json.dumps(result, allow_nan=False)  # metrics stay valid JSON (no Infinity)
+    assert "DO NOT FIT" in plan_report.render_markdown(result)
+    fp8 = plan.make_plan(_params(tmp_path, f"plan.hardware_file={small}", "plan.weight_dtype=fp8"))["generation"]
+    assert fp8["memory"]["fits"] and fp8["model_tokens_per_s"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: measurements replace params; missing inputs name the param
+# ---------------------------------------------------------------------------------------------
+
+
+def test_measurements_replace_params_and_pilot_calibrates(tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "audit.json").write_text(json.dumps({"num_conversations": 1000, "mean_prompt_tokens": 100.0}))
+    (reports / "tokenize.json").write_text(
+        json.dumps({"num_samples": 900, "total_tokens": 1_800_000, "loss_tokens": 1_500_000})
+    )
+    pilot = {"output_tokens_per_s": 400.0, "mean_output_tokens": 300.0, "p90_output_tokens": 900, "num_engines": 1}
+    (reports / "pilot.json").write_text(json.dumps({**pilot, "estimated_total_hours": 0.2}))
+    result = plan.make_plan(_params(tmp_path))
+    ds, gen = result["dataset"], result["generation"]
+    assert (ds["num_prompts"], ds["mean_prompt_tokens"], ds["mean_output_tokens"]) == (1000, 100, 300)
+    assert (ds["train_samples"], ds["seq_tokens"], ds["loss_tokens"]) == (900, 2000, pytest.approx(1666.67, abs=0.01))
+    assert "audit.json" in result["inputs"]["sources"]["num_prompts"]
+    pl = gen["pilot"]
+    assert pl["measured_over_model"] == pytest.approx(400.0 / (gen["model_tokens_per_s"] / gen["engines"]))
+    assert gen["wall_hours"]["mid"] == pytest.approx(1000 * 300 / (400.0 * gen["engines"]) / 3600)
+
+
+def test_missing_target_config_names_the_param(tmp_path, capsys):
+    code, _, err = _run_stage(
+        ["-S", f"base.target_dir={tmp_path / 'nothing'}", "-S", f"base.reports_dir={tmp_path}"], capsys
+    )
+    assert code == 1 and "plan.target_config" in err
+
+
+def test_missing_dataset_size_names_the_param(tmp_path, capsys):
+    argv = ["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", "plan.dataset.num_prompts=0"]
+    code, _, err = _run_stage(argv, capsys)
+    assert code == 1 and "plan.dataset.num_prompts" in err
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("plan.hardware=tpu-v9", "plan.hardware: no profile 'tpu-v9'"),
+        ("plan.dataset.output_tokens_high=10", "plan.dataset.output_tokens_low / output_tokens_high"),
+        ("plan.train_assumptions.split_target_gpus=4", "plan.train_assumptions.split_target_gpus"),
+        ("drafter.target_layer_ids=[1, 64]", "drafter.target_layer_ids"),
+    ],
+)
+def test_bad_settings_name_the_param(tmp_path, capsys, override, expected):
+    code, _, err = _run_stage(["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", override], capsys)
+    assert code == 1 and expected in err
+
+
+def test_bad_hardware_profile_names_the_key(tmp_path):
+    import yaml
+
+    data = yaml.safe_load(Path("params/hardware.yaml").read_text())
+    del data["profiles"]["h200"]["bandwidth_tbps"]
+    path = tmp_path / "hw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=r"profiles\.h200\.bandwidth_tbps: missing key"):
+        plan.load_hardware(path)
+
+
+def test_every_shipped_profile_cites_a_source():
+    profiles = plan.load_hardware("params/hardware.yaml")
+    assert {"rtx-pro-6000", "b200", "h200", "h100-sxm"} <= set(profiles)
+    assert all(len(p.source) > 40 for p in profiles.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: the stage on the tiny demo target, and the shipped overlay
+# ---------------------------------------------------------------------------------------------
+
+
+def test_stage_on_tiny_target(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from dflash.target import build_tiny
+
+    p = load_params("params.yaml", ["target.tiny.steps=0"])
+    build_tiny(p.target, p.base, tmp_path / "target")  # untrained: ~5 s
+    argv = ["-S", f"base.target_dir={tmp_path / 'target'}", "-S", f"base.reports_dir={tmp_path / 'reports'}"]
+    code, out, _ = _run_stage(argv, capsys)
+    assert code == 0 and "Qwen3ForCausalLM" in out
+    result = json.loads((tmp_path / "reports" / "plan.json").read_text())
+    tp = result["target"]["params"]
+    assert result["summary"]["target_weights_gb"] == pytest.approx(tp["text_total"] * 2 / 1e9)
+    assert result["summary"]["generation_hours"] > 0 and result["summary"]["train_fits"]
+    rows = (tmp_path / "reports" / "plan_train_scaling.csv").read_text().splitlines()
+    assert rows[0] == "gpus,hours" and len(rows) == 1 + len(p.plan.gpu_counts)
+    assert (tmp_path / "reports" / "plan.md").read_text() == out.rstrip("\n") + "\n"
+
+
+def test_overlay_prints_a_full_estimate_without_a_download(tmp_path, capsys):
+    code, out, _ = _run_stage(["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}"], capsys)
+    assert code == 0
+    for needle in (
+        "Qwen3_5ForConditionalGeneration on 4 x NVIDIA RTX PRO 6000",
+        "48 linear-attention",
+        "## Generation",
+        "## Training",
+        "split (headline)",
+        "## Time vs GPU count",
+        "Source: NVIDIA RTX PRO 6000",
+    ):
+        assert needle in out
+    summary = json.loads((tmp_path / "plan.json").read_text())["summary"]
+    assert summary["train_layout"] == "split" and summary["generation_hours"] > 0
