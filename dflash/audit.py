@@ -36,8 +36,9 @@ import pyarrow.ipc as ipc
 from dflash.audit_state import AuditState, KeyCounter, KeySet, segment_max, segment_min, segment_sum
 from dflash.chat import load_fast_chat, template_kwargs
 from dflash.config import AuditParams, BaseParams, GateParams
-from dflash.conversations import ROLES, Turns, flatten_turns, iter_chunks
+from dflash.conversations import iter_chunks
 from dflash.io import atomic_path
+from dflash.turns import ROLES, Turns, flatten_turns, join_rows, turn_json
 
 log = logging.getLogger(__name__)
 
@@ -152,72 +153,6 @@ def gate_failure_message(results: list[dict], section: str) -> str | None:
         if r["crossed"] and r["action"] == "fail"
     ]
     return "\n".join(lines) if lines else None
-
-
-# ---------------------------------------------------------------------------- vectorised JSON
-
-
-def _escape(arr: pa.Array) -> pa.Array:
-    """JSON string escaping exactly as json.dumps(ensure_ascii=False) does it. Only the rows that need
-    it are rewritten (one regex pass finds them; most roles and many texts need nothing)."""
-    # Rows with a quote, a backslash, or anything but printable ASCII (a superset of control characters;
-    # the replacements are no-ops on the rest). Plain kernels: a regex pass costs as much as all three.
-    need = pc.fill_null(
-        pc.or_(
-            pc.invert(pc.ascii_is_printable(arr)), pc.or_(pc.match_substring(arr, '"'), pc.match_substring(arr, "\\"))
-        ),
-        False,
-    )
-    n_need = pc.sum(need).as_py() or 0
-    if n_need == 0:
-        return arr
-    sub = arr.filter(need)
-    for raw, esc in (
-        ("\\", "\\\\"),
-        ('"', '\\"'),
-        ("\n", "\\n"),
-        ("\r", "\\r"),
-        ("\t", "\\t"),
-        ("\b", "\\b"),
-        ("\f", "\\f"),
-    ):
-        sub = pc.replace_substring(sub, raw, esc)
-    if pc.any(pc.match_substring_regex(sub, r"[\x00-\x1f]")).as_py():
-        for code in [*range(0x08), 0x0B, *range(0x0E, 0x20)]:
-            sub = pc.replace_substring(sub, chr(code), f"\\u{code:04x}")
-    return pc.replace_with_mask(arr, need, sub) if n_need < len(arr) else sub
-
-
-def _quoted(arr: pa.Array) -> pa.Array:
-    return pc.binary_join_element_wise('"', _escape(arr), '"', "")
-
-
-def _turn_json(t: Turns) -> pa.Array:
-    """Each turn as canonical JSON (sorted keys: content, name, reasoning_content, role, tool_call_id, tool_calls)."""
-
-    def opt(key: str, value: pa.Array) -> pa.Array:  # null stays null -> the piece disappears below
-        return pc.binary_join_element_wise(f',"{key}":', value, "")
-
-    return pc.binary_join_element_wise(
-        '{"content":',
-        _quoted(pc.fill_null(t.content, "")),
-        opt("name", _quoted(t.name)),
-        opt("reasoning_content", _quoted(t.reasoning)),
-        ',"role":',
-        _quoted(pc.fill_null(t.role, "")),
-        opt("tool_call_id", _quoted(t.tool_call_id)),
-        opt("tool_calls", t.tool_calls),
-        "}",
-        "",
-        null_handling="replace",
-        null_replacement="",
-    )
-
-
-def _join_rows(values: pa.Array, offsets: np.ndarray) -> pa.Array:
-    """Per-row JSON list text from per-turn JSON pieces."""
-    lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int64()).cast(pa.int32()), values)
-    return pc.binary_join_element_wise("[", pc.binary_join(lists, ","), "]", "")
 
 
 def _buffers(arr: pa.Array) -> tuple[memoryview, list[int]]:
@@ -372,10 +307,10 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
     ok = np.ones(n, dtype=bool)
     ok[list(t.errors)] = False
 
-    turn_json = _turn_json(t)
-    messages = _join_rows(turn_json, t.offsets)
+    pieces = turn_json(t)
+    messages = join_rows(pieces, t.offsets)
     prompt_offsets = np.concatenate(([0], np.cumsum(f["prompt_len"]))).astype(np.int64)
-    prompt = _join_rows(turn_json.filter(pa.array(f["in_prompt"])), prompt_offsets)
+    prompt = join_rows(pieces.filter(pa.array(f["in_prompt"])), prompt_offsets)
     tools = pc.fill_null(table.column("tools").combine_chunks(), "")
     tools_key = pc.if_else(pc.equal(tools, ""), "[]", tools)
     ids = _ids(pc.binary_join_element_wise('{"messages":', messages, ',"tools":', tools_key, "}", ""))
@@ -415,7 +350,7 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
     norm_turns = pc.binary_join_element_wise(
         pc.fill_null(t.role.filter(in_prompt), ""), _normalized(pc.fill_null(t.content.filter(in_prompt), "")), "\x1f"
     )
-    norm_prompt = _join_rows(norm_turns, prompt_offsets)
+    norm_prompt = join_rows(norm_turns, prompt_offsets)
     exact_key, norm_key = _keys(
         pc.binary_join_element_wise(prompt.take(take), tools.take(take), "\x00"),
         pc.binary_join_element_wise(norm_prompt.take(take), tools.take(take), "\x00"),

@@ -16,10 +16,13 @@ Fast path: JSONL chunks go through `pyarrow.json` with an explicit schema; a chu
 refuses is bisected until the offending lines are found, and only those lines are read by Python
 (`coerce_record`), so one bad line costs microseconds, not a Python pass over the chunk.
 
+Parquet columns whose nested types fit the RAW layout are conformed by Arrow (fields matched by
+name, missing ones null); other shapes are read row by row with `coerce_record`.
+
 `Chunk.table` (RAW layout): source_row int64, messages list<MESSAGE>, conversations list<{from,
 value}>, system string, tools string (canonical JSON list, null if absent). `Chunk.malformed` lists
-the rows that could not be read, each with a detail naming file and line. `flatten_turns` turns a
-chunk into per-turn arrays with roles already normalized (ShareGPT mapped to OpenAI roles).
+the rows that could not be read, each with a detail naming file and line. dflash.turns turns a
+chunk into per-turn arrays.
 """
 
 from __future__ import annotations
@@ -510,167 +513,58 @@ def iter_parquet(path: Path, chunk_rows: int) -> Iterator[Chunk]:
     if not {"messages", "conversations"} & set(names):
         raise ValueError(f"{file}: no `messages` or `conversations` column")
     for batch in pf.iter_batches(batch_size=chunk_rows, columns=names):
-        rows = batch.to_pylist()  # nested columns vary too much between datasets to cast blindly
-        yield _python_rows([(base + i, r) for i, r in enumerate(rows)], file, parsed=True)
+        try:
+            yield _parquet_fast(batch, base, file)
+        except (TypeError, pa.ArrowInvalid):  # a nested shape Arrow cannot conform: read row by row
+            rows = batch.to_pylist()
+            yield _python_rows([(base + i, r) for i, r in enumerate(rows)], file, parsed=True)
         base += batch.num_rows
 
 
-# ------------------------------------------------------------------------------ per-turn arrays
-
-ROLES = ("system", "user", "assistant", "tool")
-
-
-@dataclass
-class Turns:
-    """Every turn of a chunk, in conversation order; roles already mapped to OpenAI names."""
-
-    offsets: np.ndarray  # (rows + 1,) int64: turns of row r are [offsets[r], offsets[r+1])
-    parent: np.ndarray  # (turns,) int64 row of each turn
-    pos: np.ndarray  # (turns,) int64 position inside its conversation
-    role: pa.Array  # string; unknown roles kept as written; null when missing
-    content: pa.Array  # string; null when missing
-    reasoning: pa.Array  # string or null
-    name: pa.Array  # string or null
-    tool_call_id: pa.Array  # string or null
-    tool_calls: pa.Array  # canonical JSON of the normalized OpenAI tool calls, or null
-    errors: dict[int, str]  # row -> what is structurally wrong (missing role/content, bad function_call...)
-
-
-def _normalize_calls(calls: list, where: str) -> str:
-    out = []
-    for k, c in enumerate(calls):
-        fn = (c or {}).get("function") or {}
-        if not fn.get("name"):
-            raise RowError(f"{where}.tool_calls[{k}]: missing function name")
-        args = fn.get("arguments")
-        out.append(
-            {
-                "id": c.get("id") or f"call_{k}",
-                "type": c.get("type") or "function",
-                "function": {"name": fn["name"], "arguments": "{}" if args is None else args},
-            }
-        )
-    return canonical_json(out)
+def _conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """`arr` rebuilt with exactly the `target` type: struct fields matched by name (missing -> null),
+    lists re-wrapped, strings kept. TypeError when a value has another kind (e.g. content parts)."""
+    if pa.types.is_null(arr.type):
+        return pa.nulls(len(arr), target)
+    mask = arr.is_null() if arr.null_count else None
+    if pa.types.is_string(target):
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+            return arr.cast(pa.string())
+        raise TypeError(f"expected strings, got {arr.type}")
+    if pa.types.is_list(target):
+        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+            raise TypeError(f"expected a list, got {arr.type}")
+        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))), pa.int32())  # zero-based: slices need it
+        values = _conform(arr.flatten(), target.value_type)
+        return pa.ListArray.from_arrays(offsets, values, type=target, mask=mask)
+    if pa.types.is_struct(target):
+        if not pa.types.is_struct(arr.type):
+            raise TypeError(f"expected an object, got {arr.type}")
+        have = {arr.type.field(i).name for i in range(arr.type.num_fields)}
+        children = [
+            _conform(arr.field(f.name), f.type) if f.name in have else pa.nulls(len(arr), f.type) for f in target
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    raise TypeError(f"unsupported target type {target}")
 
 
-def _sharegpt_call(value: str | None) -> list:
-    """ShareGPT `function_call` value: JSON {"name", "arguments"} -> one OpenAI tool call."""
-    try:
-        obj = json.loads(value or "")
-    except json.JSONDecodeError:
-        raise RowError("function_call value is not JSON") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise RowError('function_call value must be {"name": ..., "arguments": ...}')
-    args = obj.get("arguments", {})
-    return [
-        {
-            "id": None,
-            "type": "function",
-            "function": {
-                "name": obj["name"],
-                "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
-            },
-        }
+def _parquet_fast(batch: pa.RecordBatch, base: int, file: str) -> Chunk:
+    n = batch.num_rows
+    columns = [
+        _conform(batch.column(f.name), f.type) if f.name in batch.schema.names else pa.nulls(n, f.type)
+        for f in PARSE_SCHEMA
     ]
-
-
-def flatten_turns(table: pa.Table) -> Turns:
-    n = table.num_rows
-    msgs = table.column("messages").combine_chunks()
-    convs = table.column("conversations").combine_chunks()
-    system = table.column("system").combine_chunks()
-    msg_valid = msgs.is_valid().to_numpy(zero_copy_only=False)
-    errors: dict[int, str] = {}
-
-    flat_m, parent_m = msgs.flatten(), msgs.value_parent_indices().to_numpy()
-    flat_s, parent_s = convs.flatten(), convs.value_parent_indices().to_numpy()
-    keep_s = ~msg_valid[parent_s]  # `messages` wins when a row has both
-    flat_s, parent_s = flat_s.filter(pa.array(keep_s)), parent_s[keep_s]
-    conv_valid = convs.is_valid().to_numpy(zero_copy_only=False) & ~msg_valid
-    for r in np.flatnonzero(~msg_valid & ~conv_valid):
-        errors[int(r)] = "missing field: neither `messages` nor `conversations`"
-
-    # ShareGPT -> OpenAI roles; unknown names stay as written so the audit can count them.
-    sg_from = pc.struct_field(flat_s, "from") if len(flat_s) else pa.array([], pa.string())
-    mapped = pc.take(
-        pa.array(list(SHAREGPT_ROLES.values())), pc.index_in(sg_from, value_set=pa.array(list(SHAREGPT_ROLES)))
-    )
-    sg_role = pc.coalesce(mapped, sg_from)
-    sg_value = pc.struct_field(flat_s, "value") if len(flat_s) else pa.array([], pa.string())
-
-    # A top-level ShareGPT `system` becomes a leading system turn (unless the first turn is one).
-    system_len = pc.fill_null(pc.utf8_length(pc.utf8_trim_whitespace(system)), 0).to_numpy()
-    sys_rows = np.flatnonzero(conv_valid & (system_len > 0))
-    if len(sys_rows):
-        rows, first = np.unique(parent_s, return_index=True)
-        opens_with_system = pc.fill_null(pc.equal(pc.take(sg_from, pa.array(first, pa.int64())), "system"), False)
-        sys_rows = sys_rows[~np.isin(sys_rows, rows[opens_with_system.to_numpy(zero_copy_only=False)])]
-    n_m, n_s, n_x = len(flat_m), len(flat_s), len(sys_rows)
-
-    def field(name, arr, length):
-        return pc.struct_field(arr, name) if length else pa.array([], pa.string())
-
-    nulls = pa.nulls
-    role = pa.concat_arrays(
-        [field("role", flat_m, n_m), sg_role.cast(pa.string()), pa.array(["system"] * n_x, pa.string())]
-    )
-    content = pa.concat_arrays([field("content", flat_m, n_m), sg_value, system.take(pa.array(sys_rows, pa.int64()))])
-    reasoning = pa.concat_arrays([field("reasoning_content", flat_m, n_m), nulls(n_s + n_x, pa.string())])
-    name = pa.concat_arrays([field("name", flat_m, n_m), nulls(n_s + n_x, pa.string())])
-    call_id = pa.concat_arrays([field("tool_call_id", flat_m, n_m), nulls(n_s + n_x, pa.string())])
-    parent = np.concatenate([parent_m, parent_s, sys_rows]).astype(np.int64)
-    sub = np.concatenate([np.ones(n_m + n_s, dtype=np.int8), np.zeros(n_x, dtype=np.int8)])
-    order = np.lexsort((np.arange(len(parent)), sub, parent))
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    parent = parent[order]
-    counts = np.bincount(parent, minlength=n)
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    pos = np.arange(len(parent), dtype=np.int64) - offsets[parent]
-    take = pa.array(order)
-    role, content, reasoning, name, call_id = (pc.take(a, take) for a in (role, content, reasoning, name, call_id))
-
-    # Tool calls: canonical JSON built in Python, only for the (few) turns that have them.
-    calls: dict[int, str] = {}
-    if n_m:
-        tc = pc.struct_field(flat_m, "tool_calls")
-        has = pc.fill_null(pc.greater(pc.list_value_length(tc), 0), False).to_numpy(zero_copy_only=False)
-        for i, value in zip(np.flatnonzero(has), tc.filter(pa.array(has)).to_pylist(), strict=True):
-            j = int(inverse[i])
+    tools, malformed, drop = [None] * n, [], np.zeros(n, dtype=bool)
+    if "tools" in batch.schema.names:
+        col = batch.column("tools")
+        for i in np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False)).tolist():
             try:
-                calls[j] = _normalize_calls(value, f"messages[{pos[j]}]")
+                tools[i] = _tools(col[i].as_py())
             except RowError as exc:
-                errors.setdefault(int(parent[j]), str(exc))
-    if n_s:
-        is_call = pc.fill_null(pc.equal(sg_from, "function_call"), False).to_numpy(zero_copy_only=False)
-        for i in np.flatnonzero(is_call):
-            j = int(inverse[n_m + i])
-            try:
-                calls[j] = _normalize_calls(_sharegpt_call(sg_value[i].as_py()), f"conversations[{pos[j]}]")
-            except RowError as exc:
-                errors.setdefault(int(parent[j]), f"conversations[{pos[j]}]: {exc}")
-    tool_calls = nulls(len(parent), pa.string())
-    if calls:
-        mask = np.zeros(len(parent), dtype=bool)
-        mask[list(calls)] = True
-        tool_calls = pc.replace_with_mask(
-            tool_calls, pa.array(mask), pa.array([calls[j] for j in sorted(calls)], pa.string())
-        )
-        # A call turn's text may be absent (OpenAI: content null) and a ShareGPT function_call's value IS
-        # the call: both get content "".
-        from_sharegpt = np.zeros(len(parent), dtype=bool)
-        from_sharegpt[inverse[n_m : n_m + n_s]] = True
-        blank = mask & (from_sharegpt | pc.is_null(content).to_numpy(zero_copy_only=False))
-        content = pc.if_else(pa.array(blank), pa.scalar("", pa.string()), content)
-
-    # Structure errors: a missing role, or missing content (allowed only on assistant tool calls).
-    missing_role = pc.is_null(role).to_numpy(zero_copy_only=False)
-    missing_content = pc.is_null(content).to_numpy(zero_copy_only=False)
-    for j in np.flatnonzero(missing_role | missing_content):
-        r = int(parent[j])
-        key = "messages" if msg_valid[r] else "conversations"
-        what = "role" if missing_role[j] else "content"
-        if not msg_valid[r]:
-            what = "from" if missing_role[j] else "value"
-        errors.setdefault(r, f"{key}[{pos[j]}]: missing {what}")
-    return Turns(offsets, parent, pos, role, content, reasoning, name, call_id, tool_calls, errors)
+                malformed.append(Malformed(base + i, f"{file}:{base + i}: {exc}", _excerpt(str(col[i].as_py()))))
+                drop[i] = True
+    table = pa.Table.from_arrays(
+        [pa.array(np.arange(base, base + n, dtype=np.int64)), *columns, pa.array(tools, pa.string())], schema=RAW_SCHEMA
+    )
+    return Chunk(file, table.filter(pa.array(~drop)) if drop.any() else table, malformed)

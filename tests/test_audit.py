@@ -335,6 +335,32 @@ def test_fast_python_and_chunked_paths_agree(tmp_path):
     assert by_text[3][0] == {"content": "top system", "role": "system"}
 
 
+def test_parquet_agrees_with_jsonl(tmp_path):
+    """Parquet columns Arrow can conform (fast path) and ones it cannot (content parts: row by row)
+    give the same rows as JSONL."""
+    rows = [_diverse_rows()[i] for i in (0, 3, 4)]
+    keys = ("messages", "conversations", "system")
+    _, jsonl_out = _audit(tmp_path / "j", _jsonl(tmp_path / "rows.jsonl", rows))
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), tmp_path / "fast.parquet")
+    parts = [
+        {"messages": [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in r["messages"]]}
+        for r in ([{"messages": [u("a?"), a("Ans.")]}, {"messages": [u("b?"), a("Bns.")]}])
+    ]
+    pq.write_table(pa.Table.from_pylist(parts), tmp_path / "parts.parquet")
+    _, parts_jsonl = _audit(
+        tmp_path / "k",
+        _jsonl(tmp_path / "plain.jsonl", [{"messages": [u("a?"), a("Ans.")]}, {"messages": [u("b?"), a("Bns.")]}]),
+    )
+
+    def kept(out):
+        return read_arrow(out / "conversations.arrow").drop_columns(["source_file", "source_row"]).to_pylist()
+
+    m, fast_out = _audit(tmp_path / "p", tmp_path / "fast.parquet")
+    assert m["num_kept"] == 3 and kept(fast_out) == kept(jsonl_out)
+    m, parts_out = _audit(tmp_path / "q", tmp_path / "parts.parquet")
+    assert m["num_kept"] == 2 and kept(parts_out) == kept(parts_jsonl)
+
+
 def test_duplicates_across_chunks_and_files(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()
