@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 
 from dflash.config import load_params  # noqa: E402
+from dflash.io import write_arrow  # noqa: E402
 from dflash.synthetic import PLACEHOLDERS, conversation  # noqa: E402
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -61,20 +62,30 @@ def synth(path: Path, n: int, seed: int) -> None:
             fh.write(json.dumps({"id": i, "messages": messages}, ensure_ascii=False) + "\n")
 
 
-def naive(path: Path, limit: int, placeholders: set[str]) -> dict:
-    """The same checks, one row at a time in plain Python."""
-    seen, seen_norm, counts = set(), set(), {"malformed": 0, "kept": 0, "placeholder": 0, "rejected": 0}
-    out = {k: [] for k in ("conversation_id", "source_row", "messages", "prompt_messages", "prompt_chars")}
+def _squash(text: str) -> str:
+    return "".join(text.lower().split())
+
+
+def naive(path: Path, limit: int, placeholders: set[str], out: Path) -> dict:
+    """The same checks and outputs, one row at a time in plain Python."""
+    seen, seen_norm, responses = set(), set(), {}
+    counts = dict.fromkeys(
+        ("malformed", "kept", "rejected", "placeholder", "empty", "tool", "multi", "system", "order", "short"), 0
+    )
+    cols = {
+        k: []
+        for k in ("conversation_id", "source_row", "messages", "prompt_messages", "prompt_chars", "placeholder_turns")
+    }
     lengths: dict[int, int] = {}
-    with open(path, "rb") as fh:
+    canon = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False}
+    with open(path, "rb") as fh, open(out / "rejected.jsonl", "w", encoding="utf-8") as rejected:
         for line_no, raw in enumerate(fh, 1):
             if line_no > limit:
                 break
             try:
                 obj = json.loads(raw.decode("utf-8"))
-                msgs = obj["messages"]
                 norm = []
-                for m in msgs:
+                for m in obj["messages"]:
                     entry = {"role": m["role"], "content": m["content"] if m.get("content") is not None else ""}
                     for key in ("name", "tool_call_id", "reasoning_content"):
                         if m.get(key) is not None:
@@ -87,8 +98,9 @@ def naive(path: Path, limit: int, placeholders: set[str]) -> dict:
                     elif m.get("content") is None:
                         raise ValueError("missing content")
                     norm.append(entry)
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
                 counts["malformed"] += 1
+                rejected.write(json.dumps({"source_row": line_no, "reasons": ["malformed"], "detail": str(exc)}) + "\n")
                 continue
             roles = [m["role"] for m in norm]
             n_prompt = len(norm)
@@ -97,33 +109,66 @@ def naive(path: Path, limit: int, placeholders: set[str]) -> dict:
             prompt = norm[:n_prompt]
             first = next((r for r in roles if r != "system"), None)
             users = [m for m in prompt if m["role"] == "user"]
-            bad = (set(roles) - ROLES) or first != "user" or not users or not users[-1]["content"].strip()
-            placeholder = any(
+            reasons = []
+            if set(roles) - ROLES:
+                reasons.append("unknown_role")
+            if first not in (None, "user"):
+                reasons.append("first_turn_not_user")
+            if not users:
+                reasons.append("no_user_turn")
+            elif not users[-1]["content"].strip():
+                reasons.append("empty_prompt")
+            flags = [
                 m["role"] == "assistant"
                 and not m.get("tool_calls")
-                and "".join(ch for ch in m["content"].lower() if ch.isalnum()) in placeholders
+                and (
+                    "".join(ch for ch in m["content"].lower() if ch.isalnum()) in placeholders
+                    or not m["content"].strip()
+                )
                 for m in norm
+            ]
+            counts["placeholder"] += any(flags)
+            counts["empty"] += any(
+                m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls") for m in norm
             )
-            counts["placeholder"] += placeholder
-            resp = sum(len(m["content"]) for m in norm[n_prompt:])
-            lengths[resp] = lengths.get(resp, 0) + 1
-            messages_json = json.dumps(norm, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            prompt_json = json.dumps(prompt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            key_norm = "\x1e".join(m["role"] + "\x1f" + " ".join(m["content"].lower().split()) for m in prompt)
-            if bad or prompt_json in seen or key_norm in seen_norm:
+            counts["tool"] += any(m.get("tool_calls") or m["role"] == "tool" for m in norm)
+            counts["multi"] += len(users) >= 2
+            counts["system"] += "system" in roles
+            counts["order"] += any(
+                (b == "user" and a == "user") or (b == "system") or (b == "tool" and a not in ("assistant", "tool"))
+                for a, b in zip(roles, roles[1:], strict=False)
+            )
+            response = norm[n_prompt:]
+            if response:
+                resp_len = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in response)
+                lengths[resp_len] = lengths.get(resp_len, 0) + 1
+                counts["short"] += resp_len <= 8
+                key = _squash(response[-1]["content"])
+                responses[key] = responses.get(key, 0) + 1
+            messages_json = json.dumps(norm, **canon)
+            prompt_json = json.dumps(prompt, **canon)
+            cid = hashlib.sha256(('{"messages":' + messages_json + ',"tools":[]}').encode()).hexdigest()[:16]
+            key_norm = "\x1e".join(m["role"] + "\x1f" + _squash(m["content"]) for m in prompt)
+            if not reasons and prompt_json in seen:
+                reasons.append("duplicate_prompt")
+            elif not reasons and key_norm in seen_norm:
+                reasons.append("near_duplicate_prompt")
+            if reasons:
                 counts["rejected"] += 1
+                rejected.write(json.dumps({"source_row": line_no, "reasons": reasons, "conversation_id": cid}) + "\n")
                 continue
             seen.add(prompt_json)
             seen_norm.add(key_norm)
-            cid = hashlib.sha256(('{"messages":' + messages_json + ',"tools":[]}').encode()).hexdigest()[:16]
-            out["conversation_id"].append(cid)
-            out["source_row"].append(line_no)
-            out["messages"].append(messages_json)
-            out["prompt_messages"].append(prompt_json)
-            out["prompt_chars"].append(sum(len(m["content"]) for m in prompt))
+            cols["conversation_id"].append(cid)
+            cols["source_row"].append(line_no)
+            cols["messages"].append(messages_json)
+            cols["prompt_messages"].append(prompt_json)
+            cols["prompt_chars"].append(sum(len(m["content"]) for m in prompt))
+            cols["placeholder_turns"].append(sum(flags))
             counts["kept"] += 1
-    pa.table(out)
-    return counts
+    write_arrow(out / "conversations.arrow", pa.table(cols))
+    spike = max(lengths.values()) / max(sum(lengths.values()), 1)
+    return {"spike": round(spike, 3), **counts}
 
 
 def main() -> None:
@@ -146,23 +191,30 @@ def main() -> None:
             Path(__file__).resolve().parents[1] / "params.yaml",
             [f"audit.input={data}", f"audit.out={tmp}/out", "audit.tokenizer=none"],
         )
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         metrics = run_audit(params.audit, params.base)
-        fast_s = time.perf_counter() - t0
+        fast_s, fast_cpu = time.perf_counter() - t0, time.process_time() - c0
         fast = args.rows / fast_s
         print(
-            f"audit (vectorised): {args.rows} rows in {fast_s:.2f} s = {fast:,.0f} rows/s "
+            f"audit (vectorised): {args.rows} rows in {fast_s:.2f} s wall ({fast_cpu:.2f} s CPU) = {fast:,.0f} rows/s "
             f"(kept {metrics['num_kept']}, rejected {metrics['num_rejected']}, malformed {metrics['num_malformed']}, "
             f"placeholders {metrics['placeholder_response_frac']:.1%})"
         )
 
         n_naive = min(args.naive_rows, args.rows)
         placeholders = {"".join(ch for ch in t.lower() if ch.isalnum()) for t in params.audit.placeholder_texts}
-        t0 = time.perf_counter()
-        counts = naive(data, n_naive, placeholders)
-        naive_s = time.perf_counter() - t0
+        (Path(tmp) / "naive").mkdir()
+        t0, c0 = time.perf_counter(), time.process_time()
+        counts = naive(data, n_naive, placeholders, Path(tmp) / "naive")
+        naive_s, naive_cpu = time.perf_counter() - t0, time.process_time() - c0
         slow = n_naive / naive_s
-        print(f"naive per-row loop: {n_naive} rows in {naive_s:.2f} s = {slow:,.0f} rows/s ({counts})")
+        print(
+            f"naive per-row loop: {n_naive} rows in {naive_s:.2f} s wall ({naive_cpu:.2f} s CPU) = {slow:,.0f} rows/s ({counts})"
+        )
+        per_row = (fast_cpu / args.rows, naive_cpu / n_naive)
+        print(
+            f"CPU per row: audit {per_row[0] * 1e6:.1f} us, naive {per_row[1] * 1e6:.1f} us ({per_row[1] / per_row[0]:.1f}x)"
+        )
         print(f"speed-up: {fast / slow:.1f}x; 1M rows would take {1e6 / fast:.1f} s (goal < 30 s, >= 10x)")
 
 

@@ -36,7 +36,7 @@ import pyarrow.ipc as ipc
 from dflash.audit_state import AuditState, KeyCounter, KeySet, segment_max, segment_min, segment_sum
 from dflash.chat import load_fast_chat, template_kwargs
 from dflash.config import AuditParams, BaseParams, GateParams
-from dflash.conversations import iter_chunks
+from dflash.conversations import iter_chunks, prefetch
 from dflash.io import atomic_path
 from dflash.turns import ROLES, Turns, flatten_turns, join_rows, turn_json
 
@@ -467,7 +467,7 @@ def run_audit(p: AuditParams, base: BaseParams) -> dict:
         open(rej_tmp, "w", encoding="utf-8") as rejected,
     ):
         state.rejected_file = rejected
-        for chunk in iter_chunks(p.input, p.chunk_bytes):
+        for chunk in prefetch(iter_chunks(p.input, p.chunk_bytes)):
             state.files.add(chunk.file)
             kept = audit_chunk(chunk, state, chat, kwargs)
             if kept.num_rows:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dflash.config import AuditParams
 
@@ -50,6 +51,22 @@ def segment_min(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- hashed keys
 
 
+def _sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """np.unique for uint64 keys by sort + neighbour compare (numpy's hash-based unique is slower here)."""
+    x = np.sort(keys)
+    return x[np.concatenate(([True], x[1:] != x[:-1]))] if len(x) else x
+
+
+def first_occurrences(keys: np.ndarray) -> np.ndarray:
+    """True at the first occurrence of each key in `keys` (Arrow's C++ hash table numbers distinct
+    values in order of first appearance, so a row is first exactly when its code is a new maximum)."""
+    if len(keys) == 0:
+        return np.zeros(0, dtype=bool)
+    codes = pc.dictionary_encode(pa.array(keys)).indices.to_numpy()
+    running = np.maximum.accumulate(codes)
+    return np.concatenate(([True], running[1:] > running[:-1]))
+
+
 class KeySet:
     """A set of uint64 keys as a few sorted runs (merged when a newer run is as large as the older)."""
 
@@ -65,20 +82,14 @@ class KeySet:
 
     def first_occurrence_mask(self, keys: np.ndarray) -> np.ndarray:
         """True where a key was seen before: in the set, or earlier in `keys` itself."""
-        dup = self.contains(keys)
-        if len(keys):
-            _, first = np.unique(keys, return_index=True)
-            later = np.ones(len(keys), dtype=bool)
-            later[first] = False
-            dup |= later
-        return dup
+        return self.contains(keys) | ~first_occurrences(keys)
 
     def add(self, keys: np.ndarray) -> None:
         if len(keys):
-            self.runs.append(np.unique(keys))
+            self.runs.append(_sorted_unique(keys))
             while len(self.runs) > 1 and len(self.runs[-1]) * 2 >= len(self.runs[-2]):
                 b, a = self.runs.pop(), self.runs.pop()
-                self.runs.append(np.union1d(a, b))
+                self.runs.append(_sorted_unique(np.concatenate([a, b])))
 
 
 class KeyCounter:

@@ -30,8 +30,12 @@ from __future__ import annotations
 import codecs
 import glob
 import json
+import os
+import queue
 import re
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +127,40 @@ def iter_chunks(spec: str, chunk_bytes: int) -> Iterator[Chunk]:
             yield from iter_json_array(path, chunk_bytes)
         else:
             yield from iter_jsonl(path, chunk_bytes)
+
+
+def prefetch(chunks: Iterator[Chunk], depth: int = 1) -> Iterator[Chunk]:
+    """Read the next chunk(s) on a background thread while the caller checks the current one (the
+    parse and most Arrow kernels release the GIL, so reading and checking overlap on 2 cores)."""
+    done = object()
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put(chunk, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # re-raised in the consumer, with its traceback
+            q.put(exc)
+
+    worker = threading.Thread(target=produce, name="audit-read", daemon=True)
+    worker.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join(timeout=5)
 
 
 def _first_char(path: Path) -> bytes:
@@ -329,66 +367,73 @@ def _jsonl_chunk(body: bytes, file: str, line_base: int) -> Chunk:
     return Chunk(file, table, malformed)
 
 
-def _read_json(data: bytes, longest: int, single_block: bool = False) -> pa.Table:
-    block = len(data) + 1 if single_block else max(1 << 20, longest)
+PIECE_BYTES = 1 << 20  # lines parsed per pyarrow call; a bad line costs at most ~2 pieces of re-parsing
+_ERROR_ROW = re.compile(r" in row (\d+)$")
+_READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError)
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _read_json(data: bytes) -> pa.Table:
+    """One pyarrow.json call over whole lines, as ONE block: its errors then name the failing row
+    of `data` exactly ("... in row R"). Parallelism comes from parsing pieces on a thread pool."""
     return pajson.read_json(
         pa.BufferReader(data),
-        read_options=pajson.ReadOptions(block_size=block, use_threads=not single_block),
+        read_options=pajson.ReadOptions(block_size=len(data) + 1, use_threads=False),
         parse_options=pajson.ParseOptions(explicit_schema=PARSE_SCHEMA, unexpected_field_behavior="ignore"),
     )
 
 
-_ERROR_ROW = re.compile(r" in row (\d+)$")
-_READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError)
-
-
-def _parse_lines(body, starts, ends, line_no, idx, file, budget: int = 8) -> tuple[pa.Table, list[Malformed]]:
-    """Parse the lines `idx` with pyarrow; lines it refuses are located and read by Python instead.
-
-    Locating: a one-block parse reports the failing row exactly ("... in row R"), so rows before R
-    are re-parsed, row R goes to Python, and parsing resumes after it. After `budget` bad lines in
-    one chunk the rest of the chunk is read by Python (cheaper than re-parsing it again and again)."""
+def _parse_lines(body, starts, ends, line_no, idx, file) -> tuple[pa.Table, list[Malformed]]:
+    """Parse the lines `idx` with pyarrow, ~PIECE_BYTES at a time on a thread pool (pyarrow releases
+    the GIL); lines it refuses are read by Python instead, with the reason."""
+    global _POOL
     if len(idx) == 0:
         return RAW_SCHEMA.empty_table(), []
+    size = np.cumsum(ends[idx] - starts[idx] + 1)
+    cuts = np.unique(np.searchsorted(size, np.arange(PIECE_BYTES, size[-1], PIECE_BYTES)))
+    pieces = [p for p in np.split(idx, cuts) if len(p)]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="audit-json")
+    results = list(_POOL.map(lambda sel: _parse_piece(body, starts, ends, line_no, sel, file), pieces))
+    return pa.concat_tables([r[0] for r in results]), [m for r in results for m in r[1]]
 
-    def span(sel):
-        contiguous = len(sel) == sel[-1] - sel[0] + 1
-        if contiguous:
-            return body[starts[sel[0]] : ends[sel[-1]] + 1]
-        return b"\n".join(body[starts[i] : ends[i]] for i in sel) + b"\n"
 
-    longest = int((ends[idx] - starts[idx]).max()) + 2
-    try:
-        return _finish(_read_json(span(idx), longest), body, starts, ends, line_no, idx, file)
-    except _READ_ERRORS:
-        pass
-    tables, malformed, rest = [], [], idx
-    while len(rest) and budget > 0:
+def _parse_piece(body, starts, ends, line_no, sel, file, budget: int = 8) -> tuple[pa.Table, list[Malformed]]:
+    """pyarrow on the lines `sel`; at a refused line R: rows before R again, R by Python, go on after R.
+    After `budget` refusals the rest of the piece is read by Python (cheaper than re-parsing)."""
+
+    def span(lines):
+        if len(lines) == lines[-1] - lines[0] + 1:  # contiguous: no copy
+            return body[starts[lines[0]] : ends[lines[-1]] + 1]
+        return b"\n".join(body[starts[i] : ends[i]] for i in lines) + b"\n"
+
+    def python(lines):
+        return _python_rows([(int(line_no[i]), body[starts[i] : ends[i]]) for i in lines], file)
+
+    tables, malformed = [], []
+    while len(sel):
         try:
-            table = _read_json(span(rest), longest, single_block=True)
-            piece = _finish(table, body, starts, ends, line_no, rest, file)
-            tables.append(piece[0])
-            malformed += piece[1]
-            rest = rest[:0]
+            table, bad_tools = _finish(_read_json(span(sel)), body, starts, ends, line_no, sel, file)
+            tables.append(table)
+            malformed += bad_tools
             break
         except _READ_ERRORS as exc:
             m = _ERROR_ROW.search(str(exc))
-            bad = int(m.group(1)) if m and int(m.group(1)) < len(rest) else None
-        if bad is None:
+            bad = int(m.group(1)) if m and int(m.group(1)) < len(sel) else None
+        if bad is None or budget == 0:
+            chunk = python(sel)
+            tables.append(chunk.table)
+            malformed += chunk.malformed
             break
         if bad:
-            good, more = _parse_lines(body, starts, ends, line_no, rest[:bad], file, budget=0)
-            tables.append(good)
-            malformed += more
-        python = _python_rows([(int(line_no[rest[bad]]), body[starts[rest[bad]] : ends[rest[bad]]])], file)
-        tables.append(python.table)
-        malformed += python.malformed
-        rest, budget = rest[bad + 1 :], budget - 1
-    if len(rest):
-        python = _python_rows([(int(line_no[i]), body[starts[i] : ends[i]]) for i in rest], file)
-        tables.append(python.table)
-        malformed += python.malformed
-    return pa.concat_tables(tables), malformed
+            table, bad_tools = _parse_piece(body, starts, ends, line_no, sel[:bad], file, budget=0)
+            tables.append(table)
+            malformed += bad_tools
+        chunk = python(sel[bad : bad + 1])
+        tables.append(chunk.table)
+        malformed += chunk.malformed
+        sel, budget = sel[bad + 1 :], budget - 1
+    return (pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()), malformed
 
 
 def _finish(table, body, starts, ends, line_no, idx, file) -> tuple[pa.Table, list[Malformed]]:
@@ -399,7 +444,7 @@ def _finish(table, body, starts, ends, line_no, idx, file) -> tuple[pa.Table, li
     # Tool definitions are free-form JSON schemas (no fixed Arrow type): read them with Python, only
     # on the lines that have a "tools" key.
     hits: set[int] = set()
-    if b'"tools"' in body:
+    if body.find(b'"tools"', int(starts[idx[0]]), int(ends[idx[-1]]) + 1) >= 0:  # only this piece's bytes
         found = [m.start() for m in _TOOLS_KEY.finditer(body, int(starts[idx[0]]), int(ends[idx[-1]]) + 1)]
         lines = np.searchsorted(ends, np.array(found, dtype=np.int64))  # line holding each match
         j = np.searchsorted(idx, lines)

@@ -222,24 +222,23 @@ def quoted(arr: pa.Array) -> pa.Array:
 
 def turn_json(t: Turns) -> pa.Array:
     """Each turn as canonical JSON (sorted keys: content, name, reasoning_content, role, tool_call_id, tool_calls)."""
-
-    def opt(key: str, value: pa.Array) -> pa.Array:  # null stays null -> the piece disappears below
-        return pc.binary_join_element_wise(f',"{key}":', value, "")
-
-    return pc.binary_join_element_wise(
-        '{"content":',
-        quoted(pc.fill_null(t.content, "")),
-        opt("name", quoted(t.name)),
-        opt("reasoning_content", quoted(t.reasoning)),
-        ',"role":',
-        quoted(pc.fill_null(t.role, "")),
-        opt("tool_call_id", quoted(t.tool_call_id)),
-        opt("tool_calls", t.tool_calls),
-        "}",
-        "",
-        null_handling="replace",
-        null_replacement="",
-    )
+    pieces: list = ['{"content":"', escape(pc.fill_null(t.content, "")), '"']
+    for key, value, is_text in (
+        ("name", t.name, True),
+        ("reasoning_content", t.reasoning, True),
+        ("role", None, True),
+        ("tool_call_id", t.tool_call_id, True),
+        ("tool_calls", t.tool_calls, False),
+    ):
+        if key == "role":
+            pieces += [',"role":"', escape(pc.fill_null(t.role, "")), '"']
+        elif value.null_count < len(value):  # an optional key: present only where the value is not null
+            quote = '"' if is_text else ""
+            # emit_null: a null value makes the whole piece null, which the outer join drops
+            pieces.append(
+                pc.binary_join_element_wise(f',"{key}":{quote}', escape(value) if is_text else value, quote, "")
+            )
+    return pc.binary_join_element_wise(*pieces, "}", "", null_handling="replace", null_replacement="")
 
 
 def join_rows(values: pa.Array, offsets: np.ndarray) -> pa.Array:
