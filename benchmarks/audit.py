@@ -8,6 +8,7 @@ output) over the first --naive-rows rows, and prints rows/s for both and the rat
 
     python benchmarks/audit.py                 # 1M conversations (goal: < 30 s on 2 cores, >= 10x naive)
     python benchmarks/audit.py --rows 200000 --naive-rows 50000
+    python benchmarks/audit.py --rows 100000 --tokenizer artifacts/target   # + the token path on 20K rows
 """
 
 from __future__ import annotations
@@ -176,6 +177,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="synthetic conversations (default 1M)")
     parser.add_argument("--naive-rows", type=int, default=100_000, help="rows the naive loop reads (default 100K)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tokenizer", default="", help="also time the token path on --token-rows rows with this tokenizer folder"
+    )
+    parser.add_argument("--token-rows", type=int, default=20_000, help="rows for the token path (default 20K)")
     args = parser.parse_args()
 
     from dflash.audit import run_audit
@@ -216,6 +221,24 @@ def main() -> None:
             f"CPU per row: audit {per_row[0] * 1e6:.1f} us, naive {per_row[1] * 1e6:.1f} us ({per_row[1] / per_row[0]:.1f}x)"
         )
         print(f"speed-up: {fast / slow:.1f}x; 1M rows would take {1e6 / fast:.1f} s (goal < 30 s, >= 10x)")
+
+        if args.tokenizer:
+            subset = Path(tmp) / "subset.jsonl"
+            with open(data, "rb") as src, open(subset, "wb") as dst:
+                for _, line in zip(range(args.token_rows), src, strict=False):
+                    dst.write(line)
+            params = load_params(
+                Path(__file__).resolve().parents[1] / "params.yaml",
+                [f"audit.input={subset}", f"audit.out={tmp}/tok", f"audit.tokenizer={args.tokenizer}"],
+            )
+            t0 = time.perf_counter()
+            metrics = run_audit(params.audit, params.base)
+            tok_s = time.perf_counter() - t0
+            print(
+                f"audit with tokenizer (chat template render + token counts): {args.token_rows} rows in {tok_s:.2f} s = "
+                f"{args.token_rows / tok_s:,.0f} rows/s (loss-mask spike {metrics['response_length_spike_frac']:.1%} at "
+                f"{metrics['response_length_spike_value']} tokens)"
+            )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ CHECKS = [
         "roles out of order",
         "user after user, assistant after assistant, tool without a call, late system",
     ),
-    ("no_response", "prompt only", "no recorded response (fine: generation writes one)"),
+    ("no_response", "prompt only", "no recorded response; fine, generation writes one"),
     ("tool_calls", "tool calls", "conversations with assistant tool calls or tool turns"),
     ("multi_turn", "multi-turn", "two or more user turns"),
     ("system_prompt", "system prompt", "a system turn"),
@@ -72,10 +72,16 @@ def render_report(m: dict, state: AuditState) -> str:
     if m["gate_failed"]:
         out += ["", f"**The audit failed** on: {', '.join(m['failed_gates'])}. The outputs are written anyway."]
 
-    out += ["", "## Findings", "", "| check | conversations | share | example rows |", "|---|---|---|---|"]
+    out += [
+        "",
+        "## Findings",
+        "",
+        "| check | meaning | conversations | share | example rows |",
+        "|---|---|---|---|---|",
+    ]
     for key, label, meaning in CHECKS:
         count = state.counts[key]
-        out.append(f"| {label} ({meaning}) | {count} | {_pct(count / n_conv)} | {_refs(m['examples'].get(key, []))} |")
+        out.append(f"| {label} | {meaning} | {count} | {_pct(count / n_conv)} | {_refs(m['examples'].get(key, []))} |")
     unit = m["response_length_spike_unit"]
     plot = "loss_mask_sums" if unit == "tokens" else "response_lengths"
     out += [

@@ -171,13 +171,16 @@ class AuditState:
 
     def _histogram(self, unit: str, hist: np.ndarray, values: np.ndarray, file: str, rows: np.ndarray) -> None:
         hist += np.bincount(np.minimum(values, LENGTH_CAP), minlength=LENGTH_CAP + 1)
-        small = values < EXAMPLE_VALUES
-        uniq, first = np.unique(values[small], return_index=True)
+        small = np.flatnonzero(values < EXAMPLE_VALUES)
+        if len(small) == 0:
+            return
+        order = small[np.argsort(values[small], kind="stable")]  # rows grouped by value, in row order
+        starts = np.flatnonzero(np.concatenate(([True], values[order][1:] != values[order][:-1])))
         refs = self.value_examples[unit]
-        for v, i in zip(uniq.tolist(), first.tolist(), strict=True):
-            bucket = refs.setdefault(v, [])
-            if len(bucket) < self.params.examples:
-                bucket.append(f"{file}:{rows[small][i]}")
+        for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(order)], strict=True):
+            bucket = refs.setdefault(int(values[order[start]]), [])
+            for i in order[start : min(end, start + self.params.examples - len(bucket))]:
+                bucket.append(f"{file}:{rows[i]}")
 
     def observe(self, file, rows, ok, f, prompt_tokens, mask_sums, kept) -> None:
         """Count one chunk's readable conversations (ok) and kept rows."""
