@@ -501,6 +501,9 @@ def iter_json_array(path: Path, chunk_bytes: int, chunk_rows: int = 20000) -> It
             if pos >= len(buf) and not eof:
                 fill()
                 continue
+            if buf[pos : pos + 1] == ",":  # the separator may arrive after a read boundary
+                pos += 1
+                continue
             if buf[pos : pos + 1] == "]" or pos >= len(buf):
                 break
             try:
@@ -532,11 +535,7 @@ def iter_json_array(path: Path, chunk_bytes: int, chunk_rows: int = 20000) -> It
                 )
             line += text.count("\n")
             index += 1
-            m = ws.match(buf, end)
-            line += buf.count("\n", end, m.end())
-            pos = m.end()
-            if buf[pos : pos + 1] == ",":
-                pos += 1
+            pos = end
             if len(items) >= chunk_rows:
                 chunk = _python_rows(items, file, parsed=True)
                 chunk.malformed[:0], malformed, items = malformed, [], []

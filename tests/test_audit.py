@@ -316,14 +316,19 @@ def test_fast_python_and_chunked_paths_agree(tmp_path):
     _jsonl(tmp_path / "rows.jsonl", rows)
     (tmp_path / "rows.json").write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
     results = []
-    for name, extra in (("rows.jsonl", ()), ("rows.json", ()), ("rows.jsonl", ("audit.chunk_bytes=32",))):
-        sub = tmp_path / name.replace(".", "_") / str(len(extra))
+    for name, extra in (
+        ("rows.jsonl", ()),
+        ("rows.json", ()),
+        ("rows.jsonl", ("audit.chunk_bytes=32",)),
+        ("rows.json", ("audit.chunk_bytes=7",)),  # read boundaries inside elements and at separators
+    ):
+        sub = tmp_path / name.replace(".", "_") / "-".join(extra)
         sub.mkdir(parents=True)
         m, out = _audit(sub, tmp_path / name, *extra)
         table = read_arrow(out / "conversations.arrow").drop_columns(["source_file", "source_row"])
         results.append(table.to_pylist())
         assert m["num_kept"] == 5
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
     by_text = [json.loads(r["messages"]) for r in results[0]]
     assert by_text[1][0]["content"] == "parts joined"
     assert by_text[2][1]["tool_calls"][0] == {
@@ -333,6 +338,34 @@ def test_fast_python_and_chunked_paths_agree(tmp_path):
     }
     assert json.loads(results[0][2]["prompt_messages"]) == by_text[2]  # ends with a tool turn: nothing to strip
     assert by_text[3][0] == {"content": "top system", "role": "system"}
+
+
+def test_json_array_reader_at_every_read_boundary(tmp_path):
+    from dflash.conversations import iter_json_array
+
+    text = '[{"messages": [{"role": "user", "content": "a"}]},\n {"messages": []} , {"messages": [{"role": "user", "content": "]}"}]}]'
+    (tmp_path / "a.json").write_text(text, encoding="utf-8")
+    for chunk_bytes in range(1, len(text) + 2):
+        chunks = list(iter_json_array(tmp_path / "a.json", chunk_bytes))
+        rows = [r for c in chunks for r in c.table.column("source_row").to_pylist()]
+        assert rows == [0, 1, 2] and not any(c.malformed for c in chunks), chunk_bytes
+
+
+def test_jsonl_reader_at_every_read_boundary(tmp_path):
+    from dflash.conversations import iter_jsonl
+
+    lines = [
+        b'\xef\xbb\xbf{"messages": [{"role": "user", "content": "a"}]}',
+        b"",
+        b'{"messages": 5}',
+        b'{"messages": []}',
+    ]
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines))  # BOM, a blank line, no final newline
+    for chunk_bytes in range(1, sum(map(len, lines)) + 5):
+        chunks = list(iter_jsonl(tmp_path / "a.jsonl", chunk_bytes))
+        rows = [r for c in chunks for r in c.table.column("source_row").to_pylist()]
+        bad = [m.row for c in chunks for m in c.malformed]
+        assert (rows, bad) == ([1, 4], [3]), chunk_bytes
 
 
 def test_parquet_agrees_with_jsonl(tmp_path):
