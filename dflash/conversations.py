@@ -552,7 +552,10 @@ def iter_parquet(path: Path, chunk_rows: int) -> Iterator[Chunk]:
     import pyarrow.parquet as pq
 
     file, base = str(path), 0
-    pf = pq.ParquetFile(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"{file}: not a readable parquet file ({exc})") from None
     names = [n for n in ("messages", "conversations", "system", "tools") if n in pf.schema_arrow.names]
     if not {"messages", "conversations"} & set(names):
         raise ValueError(f"{file}: no `messages` or `conversations` column")

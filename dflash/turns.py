@@ -42,7 +42,8 @@ class Turns:
     errors: dict[int, str]  # row -> what is structurally wrong (missing role/content, bad function_call...)
 
 
-def _normalize_calls(calls: list, where: str) -> str:
+def _normalize_calls(calls: list, where: str, turn: int) -> str:
+    """OpenAI tool calls -> canonical JSON; a missing id becomes call_{turn}_{k} (unique in the conversation)."""
     out = []
     for k, c in enumerate(calls):
         fn = (c or {}).get("function") or {}
@@ -51,7 +52,7 @@ def _normalize_calls(calls: list, where: str) -> str:
         args = fn.get("arguments")
         out.append(
             {
-                "id": c.get("id") or f"call_{k}",
+                "id": c.get("id") or f"call_{turn}_{k}",
                 "type": c.get("type") or "function",
                 "function": {"name": fn["name"], "arguments": "{}" if args is None else args},
             }
@@ -135,6 +136,9 @@ def flatten_turns(table: pa.Table) -> Turns:
     pos = np.arange(len(parent), dtype=np.int64) - offsets[parent]
     take = pa.array(order)
     role, content, reasoning, name, call_id = (pc.take(a, take) for a in (role, content, reasoning, name, call_id))
+    added = np.zeros(n, dtype=np.int64)
+    added[sys_rows] = 1
+    where = pos - added[parent]  # index in the row as written (error messages name it)
 
     # Tool calls: canonical JSON built in Python, only for the (few) turns that have them.
     calls: dict[int, str] = {}
@@ -144,7 +148,7 @@ def flatten_turns(table: pa.Table) -> Turns:
         for i, value in zip(np.flatnonzero(has), tc.filter(pa.array(has)).to_pylist(), strict=True):
             j = int(inverse[i])
             try:
-                calls[j] = _normalize_calls(value, f"messages[{pos[j]}]")
+                calls[j] = _normalize_calls(value, f"messages[{where[j]}]", int(pos[j]))
             except RowError as exc:
                 errors.setdefault(int(parent[j]), str(exc))
     if n_s:
@@ -152,9 +156,11 @@ def flatten_turns(table: pa.Table) -> Turns:
         for i in np.flatnonzero(is_call):
             j = int(inverse[n_m + i])
             try:
-                calls[j] = _normalize_calls(_sharegpt_call(sg_value[i].as_py()), f"conversations[{pos[j]}]")
+                calls[j] = _normalize_calls(
+                    _sharegpt_call(sg_value[i].as_py()), f"conversations[{where[j]}]", int(pos[j])
+                )
             except RowError as exc:
-                errors.setdefault(int(parent[j]), f"conversations[{pos[j]}]: {exc}")
+                errors.setdefault(int(parent[j]), f"conversations[{where[j]}]: {exc}")
     tool_calls = nulls(len(parent), pa.string())
     if calls:
         mask = np.zeros(len(parent), dtype=bool)
@@ -178,7 +184,7 @@ def flatten_turns(table: pa.Table) -> Turns:
         what = "role" if missing_role[j] else "content"
         if not msg_valid[r]:
             what = "from" if missing_role[j] else "value"
-        errors.setdefault(r, f"{key}[{pos[j]}]: missing {what}")
+        errors.setdefault(r, f"{key}[{where[j]}]: missing {what}")
     return Turns(offsets, parent, pos, role, content, reasoning, name, call_id, tool_calls, errors)
 
 
@@ -187,7 +193,7 @@ def flatten_turns(table: pa.Table) -> Turns:
 
 def escape(arr: pa.Array) -> pa.Array:
     """JSON string escaping exactly as json.dumps(ensure_ascii=False) does it. Only the rows that need
-    it are rewritten (one regex pass finds them; most roles and many texts need nothing)."""
+    it are rewritten (most roles and many texts need nothing)."""
     # Rows with a quote, a backslash, or anything but printable ASCII (a superset of control characters;
     # the replacements are no-ops on the rest). Plain kernels: a regex pass costs as much as all three.
     need = pc.fill_null(

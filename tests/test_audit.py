@@ -171,7 +171,7 @@ def test_normalized_layout_and_stable_ids(tmp_path):
             "content": "",
             "role": "assistant",
             "tool_calls": [
-                {"function": {"arguments": '{"city": "Oslo"}', "name": "weather"}, "id": "call_0", "type": "function"}
+                {"function": {"arguments": '{"city": "Oslo"}', "name": "weather"}, "id": "call_2_0", "type": "function"}
             ],
         },
         {"content": "3 C", "role": "tool"},
@@ -333,7 +333,7 @@ def test_fast_python_and_chunked_paths_agree(tmp_path):
     assert by_text[1][0]["content"] == "parts joined"
     assert by_text[2][1]["tool_calls"][0] == {
         "function": {"arguments": '{"x": 1}', "name": "f"},
-        "id": "call_0",
+        "id": "call_1_0",
         "type": "function",
     }
     assert json.loads(results[0][2]["prompt_messages"]) == by_text[2]  # ends with a tool turn: nothing to strip
@@ -497,9 +497,13 @@ def test_gates_pass_on_clean_data(tmp_path):
     assert (out / "plots" / "response_lengths.csv").read_text().startswith("response_chars,conversations\n")
 
 
-def test_missing_input_is_a_clear_error(tmp_path):
+def test_missing_or_unreadable_input_is_a_clear_error(tmp_path):
     proc, _ = _stage(tmp_path, tmp_path / "nope.jsonl")
     assert proc.returncode == 1 and "no .json / .jsonl / .parquet files found" in proc.stderr
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    proc, _ = _stage(tmp_path, tmp_path / "broken.parquet")
+    assert proc.returncode == 1 and f"{tmp_path / 'broken.parquet'}: not a readable parquet file" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_token_counts_match_transformers(tmp_path, qwen_tokenizer):
