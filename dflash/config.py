@@ -106,16 +106,10 @@ class AuditGates:
     """The audit's gates; each names the audit.json metric it compares."""
 
     placeholder_response_frac: GateParams  # share of conversations with a placeholder or empty assistant turn
-    response_length_spike_frac: (
-        GateParams  # share of responses whose length (tokens, else chars) is the most common one
-    )
+    response_length_spike_frac: GateParams  # share of responses at the single most common length (tokens, else chars)
     repeated_response_frac: GateParams  # share of responses whose text (case/space-insensitive) is a mass-repeated one
-    malformed_frac: (
-        GateParams  # share of input rows that cannot be read (bad JSON / UTF-8, missing fields, wrong types)
-    )
-    duplicate_prompt_frac: (
-        GateParams  # share of conversations whose prompt repeats an earlier one (exact or normalized)
-    )
+    malformed_frac: GateParams  # share of input rows that cannot be read (bad JSON or UTF-8, missing fields, types)
+    duplicate_prompt_frac: GateParams  # share of conversations repeating an earlier prompt (exact or normalized)
     rejected_frac: GateParams  # share of input rows rejected for any reason
 
 
@@ -125,20 +119,14 @@ class AuditParams:
 
     input: str  # raw conversations: a file, a folder (every .json/.jsonl/.parquet in it) or a glob
     out: str  # output folder: conversations.arrow, rejected.jsonl, audit.json, report.md, plots/
-    tokenizer: (
-        str  # "auto": the target's tokenizer if present; "target": required; "none"; or a folder with tokenizer.json
-    )
-    max_prompt_tokens: (
-        int  # reject prompts longer than this (tokens, rendered with the generation prompt; needs a tokenizer)
-    )
+    tokenizer: str  # auto (the target's if present), target (required), none, or a folder with tokenizer.json
+    max_prompt_tokens: int  # reject longer prompts (tokens, with the generation prompt; needs a tokenizer)
     placeholder_texts: list[str]  # assistant texts that are placeholders (compared lowercased, letters and digits only)
     short_response_chars: int  # responses of at most this many characters count as short (reported)
-    repeated_response_min_share: (
-        float  # a response text is "repeated" when at least this share of responses (and 2+) have it
-    )
+    repeated_response_min_share: float  # a response text held by this share of responses or more (and 2+) is repeated
     chunk_bytes: int  # input bytes read per chunk: bounds memory; larger is faster
     examples: int  # example rows (file:row) listed per check in audit.json and report.md
-    gates: AuditGates
+    gates: AuditGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
 
 
 @dataclass(frozen=True)
