@@ -196,6 +196,42 @@ class PlanParams:
 
 
 @dataclass(frozen=True)
+class GateParams:
+    """One data-quality gate: a measured share compared with `max` (shared by audit and tokenize)."""
+
+    max: float  # largest acceptable value of the measured share (0..1); crossed when the value is above it
+    action: Literal["fail", "report"]  # fail: the stage writes everything, then exits non-zero; report: only reported
+
+
+@dataclass(frozen=True)
+class AuditGates:
+    """The audit's gates; each names the audit.json metric it compares."""
+
+    placeholder_response_frac: GateParams  # share of conversations with a placeholder or empty assistant turn
+    response_length_spike_frac: GateParams  # share of responses at the single most common length (tokens, else chars)
+    repeated_response_frac: GateParams  # share of responses whose text (case/space-insensitive) is a mass-repeated one
+    malformed_frac: GateParams  # share of input rows that cannot be read (bad JSON or UTF-8, missing fields, types)
+    duplicate_prompt_frac: GateParams  # share of conversations repeating an earlier prompt (exact or normalized)
+    rejected_frac: GateParams  # share of input rows rejected for any reason
+
+
+@dataclass(frozen=True)
+class AuditParams:
+    """Stage `audit`: checks raw conversations and writes the normalized prompts generation completes."""
+
+    input: str  # raw conversations: a file, a folder (every .json/.jsonl/.parquet in it) or a glob
+    out: str  # output folder: conversations.arrow, rejected.jsonl, audit.json, report.md, plots/
+    tokenizer: str  # auto (the target's if present), target (required), none, or a folder with tokenizer.json
+    max_prompt_tokens: int  # reject longer prompts (tokens, with the generation prompt; needs a tokenizer)
+    placeholder_texts: list[str]  # assistant texts that are placeholders (compared lowercased, letters and digits only)
+    short_response_chars: int  # responses of at most this many characters count as short (reported)
+    repeated_response_min_share: float  # a response text held by this share of responses or more (and 2+) is repeated
+    chunk_bytes: int  # input bytes read per chunk: bounds memory; larger is faster
+    examples: int  # example rows (file:row) listed per check in audit.json and report.md
+    gates: AuditGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml. Sections appear here as their stages land."""
 
@@ -204,6 +240,7 @@ class Params:
     drafter: DrafterParams
     generate: GenerateParams
     plan: PlanParams
+    audit: AuditParams
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,9 +460,12 @@ def as_dict(obj: Any) -> Any:
 
 
 __all__ = [
+    "AuditGates",
+    "AuditParams",
     "BaseParams",
     "DrafterParams",
     "GenerateParams",
+    "GateParams",
     "Params",
     "ParamsError",
     "PlanParams",
