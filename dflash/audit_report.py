@@ -148,8 +148,8 @@ def _advice(m: dict, state: AuditState) -> list[str]:
         if state.counts["placeholder_in_prompt"]:
             lines.append(
                 f"{state.counts['placeholder_in_prompt']} multi-turn conversations keep placeholder answers inside their prompt "
-                "history; generation rewrites only the final turn, so those prompts still teach placeholder context. Consider "
-                "cutting them to their first user turn, or regenerating turn by turn."
+                "history. The generate stage regenerates every assistant turn in order, each against its own earlier answers, "
+                "so these are replaced too; trained as recorded, they would teach placeholder context."
             )
     if m["num_malformed"]:
         lines.append(

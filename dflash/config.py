@@ -107,9 +107,9 @@ class GenerateSamplingParams:
 
 @dataclass(frozen=True)
 class GenerateParams:
-    """Regenerate every assistant turn with the target through vLLM (see dflash/generate.py)."""
+    """Regenerate every assistant turn with the target through vLLM (see dflash/generate.py). Reads the
+    audit stage's `${audit.out}/conversations.arrow`."""
 
-    input: str  # normalized conversations from the audit stage (conversations.arrow)
     out: str  # output folder (persisted across runs: resumable); one run-<hash>/ per output-changing config
     pilot_out: str  # output folder of pilot runs
     pilot_samples: int  # prompts in a pilot (`python -m stages.generate --pilot`); seeded random sample

@@ -48,6 +48,7 @@ Data contract: unit shard rows (one per regenerated turn)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -441,10 +442,8 @@ def _shutdown(engine: Any, outbox: mp.Queue, code: int) -> None:
     hook (which would wait forever on vLLM's engine-core children)."""
     import psutil
 
-    try:
+    with contextlib.suppress(Exception):  # already dead: the kill below cleans up
         engine.engine_core.shutdown()
-    except Exception:  # already dead: the kill below cleans up
-        pass
     for child in psutil.Process().children(recursive=True):
         child.kill()
     outbox.close()
@@ -465,10 +464,8 @@ def _kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(procs, timeout=10)
 
 
@@ -701,8 +698,8 @@ def run(params: Params, pilot: bool = False) -> dict:
 
     g = params.generate
     info = resolve(params.base.target_dir)
-    conversations = load_conversations(g.input)
-    num_input = len(conversations)
+    source = Path(params.audit.out) / "conversations.arrow"
+    conversations = load_conversations(source)
     if pilot:
         if g.pilot_samples <= 0:
             raise ValueError("generate.pilot_samples: must be > 0 for a pilot run")
@@ -771,7 +768,7 @@ def run(params: Params, pilot: bool = False) -> dict:
             metrics,
             stats,
             lengths,
-            num_input_prompts=count_prompts(load_conversations(g.input)),
+            num_input_prompts=count_prompts(load_conversations(source)),
             g=g,
             seed=params.base.seed,
         )

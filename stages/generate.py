@@ -1,6 +1,6 @@
 """Stage `generate` (and `pilot`): regenerate every assistant turn with the target through real vLLM.
 
-Inputs: `${generate.input}` (the audit's conversations.arrow), the target in `${base.target_dir}`.
+Inputs: `${audit.out}/conversations.arrow` (the audit's kept conversations), the target in `${base.target_dir}`.
 Outputs: `${generate.out}/run-<hash>/unit-*.arrow` + `current.json`, metrics `reports/generate.json`;
 with `--pilot`: `${generate.pilot_out}/...` and `reports/pilot.json` (throughput, output lengths,
 extrapolated full-run tokens and hours). Resumable: re-running skips committed units.

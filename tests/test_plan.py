@@ -23,7 +23,9 @@ def _in_repo(repo_root, monkeypatch):
 
 def _params(tmp_path: Path, *overrides: str, overlay: bool = True):
     reports = tmp_path / "reports"
-    return load_params("params.yaml", [f"base.reports_dir={reports}", *overrides], [OVERLAY] if overlay else [])
+    # Every metrics file the plan reads comes from this test's own reports folder.
+    isolate = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
+    return load_params("params.yaml", [*isolate, *overrides], [OVERLAY] if overlay else [])
 
 
 def _run_stage(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -254,7 +256,7 @@ def test_missing_target_config_names_the_param(tmp_path, capsys):
 
 
 def test_missing_dataset_size_names_the_param(tmp_path, capsys):
-    argv = ["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", "plan.dataset.num_prompts=0"]
+    argv = ["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", "plan.audit_json=", "-S", "plan.dataset.num_prompts=0"]
     code, _, err = _run_stage(argv, capsys)
     assert code == 1 and "plan.dataset.num_prompts" in err
 
