@@ -222,7 +222,9 @@ def recorded_candidates(b: pa.RecordBatch, chunk: Chunk, spec: Spec) -> Candidat
             prefixes.append(prefix)
             fulls.append(full)
             where.append((row, cid, i))
-    encoded = chat.encode_batch(prefixes + fulls)
+    # ids only: encode_batch_fast (tokenizers >= 0.20) skips the character offsets we never use
+    encode = getattr(chat.tokenizer, "encode_batch_fast", chat.tokenizer.encode_batch)
+    encoded = [e.ids for e in encode(prefixes + fulls, add_special_tokens=False)]
     prompts, completions = encoded[: len(prefixes)], []
     for j, (row, cid, i) in enumerate(where):
         p_ids, f_ids = prompts[j], encoded[len(prefixes) + j]
