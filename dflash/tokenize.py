@@ -20,8 +20,8 @@ Multi-turn policy: one sample per assistant turn, each with its own prompt rende
 The template decides how history looks, and Qwen templates drop the reasoning of earlier turns, so
 turn k is trained exactly as the engine serves turn k (earlier answers without their <think> blocks),
 never as one long sequence whose earlier turns keep reasoning the engine would not see. In generated
-mode the generate stage already rendered each turn's prompt this way; in recorded mode
-`tokenize.recorded_turns: last` keeps only the final assistant turn. Assistant turns with tool calls
+mode the generate stage already rendered each turn's prompt this way; recorded mode renders each turn's
+prompt the same way (`tokenize.recorded_turns: last` keeps only the final assistant turn). Assistant turns with tool calls
 are history, never samples (generate keeps them as recorded too); `turn_index` k is the k-th assistant
 turn without tool calls, the numbering generate uses.
 
@@ -36,16 +36,18 @@ and the later filters see the cut one), few_loss_tokens (< min_loss_tokens), no_
 kept + dropped == input in the metrics.
 
 Held-out split: by conversation id (every turn of a conversation lands in the same split), from a
-seeded hash of the id: the `eval_count` conversations with the smallest hash, or, when eval_count is 0,
-those whose hash falls below `eval_fraction`. Eval samples are never written to train/.
+seeded hash of the id (`base.seed`): the `eval_count` conversations with the smallest hash among those
+that can yield a sample (a completed turn / an assistant turn), or, when eval_count is 0, those whose hash
+falls below `eval_fraction`. Eval samples are never written to train/.
 
 Speed and memory: a work chunk is up to `chunk_rows` input rows; `num_workers` processes tokenize
-chunks (rendering + batched Rust tokenization in recorded mode; numpy gathers in generated mode) while
-the main process writes shards in input order; at most 2 chunks per worker are in flight, so memory
-is bounded whatever the input size. Output is the same for any number of workers.
+chunks (dflash/samples.py: rendering + batched Rust tokenization in recorded mode, numpy gathers in
+generated mode) while the main process writes shards in input order; at most 2 chunks per worker are in
+flight and a worker keeps one decompressed input batch, so memory is bounded whatever the input size.
+Output is the same for any number of workers. `benchmarks/tokenize.py` measures the rate.
 
 Outputs under `tokenize.out`: `train/shard-*.arrow`, `eval/shard-*.arrow` (zstd Arrow IPC,
-`rows_per_shard` samples each, SCHEMA below), `manifest.json`; metrics `${base.reports_dir}/tokenize.json`
+`rows_per_shard` samples each, `dflash.samples.SCHEMA`), `manifest.json`; metrics `${base.reports_dir}/tokenize.json`
 and the loss-mask-sum histogram `${base.reports_dir}/tokenize_loss_mask_sums.csv` (a DVC plot). The
 gates (`tokenize.gates`) use the audit's helpers; the stage fails after writing everything.
 
@@ -274,6 +276,7 @@ def run(params: Params) -> dict[str, Any]:
     )
     chunks, num_rows, eval_ids = survey(files, spec)
     spec = dataclasses.replace(spec, eval_ids=eval_ids)
+    log.info("tokenize (%s): %d input rows in %d chunks from %s", p.source, num_rows, len(chunks), provenance["input"])
 
     out = Path(p.out)
     staging = out.parent / f".{out.name}.partial"
