@@ -232,6 +232,36 @@ class AuditParams:
 
 
 @dataclass(frozen=True)
+class TokenizeGates:
+    """The tokenize stage's gates; each names the tokenize.json metric it compares."""
+
+    loss_mask_sum_mode_frac: GateParams  # share of kept samples at the most common loss-mask sum (the seeds: 87% at 6)
+    dropped_frac: GateParams  # share of input samples dropped by the filters
+
+
+@dataclass(frozen=True)
+class TokenizeParams:
+    """Stage `tokenize`: training samples (input_ids + assistant-only loss_mask) in Arrow shards, with a
+    held-out eval split by conversation (see dflash/tokenize.py)."""
+
+    source: Literal["generated", "recorded"]  # generated: the generate stage's ids; recorded: the responses as written
+    out: str  # output folder: train/shard-*.arrow, eval/shard-*.arrow (held-out conversations), manifest.json
+    recorded_turns: Literal["all", "last"]  # recorded: a sample per assistant turn without tool calls, or only the last
+    max_length: int  # longest sample in tokens (prompt + completion)
+    overlong: Literal["truncate", "drop"]  # samples longer than max_length: cut to max_length, or drop them
+    drop_truncated: bool  # drop completions cut by the token budget (finish_reason length)
+    drop_missing_think_end: bool  # thinking mode: drop completions without </think> (reasoning never finished)
+    min_loss_tokens: int  # drop samples with fewer supervised tokens (counted after truncation)
+    require_anchor_pair: bool  # drop samples without two adjacent supervised tokens (an anchor and its next token)
+    eval_fraction: float  # share of conversations held out for eval (seeded hash of the id), used when eval_count is 0
+    eval_count: int  # held-out conversations (those with the smallest seeded hash); 0 = use eval_fraction
+    rows_per_shard: int  # samples per output Arrow shard
+    chunk_rows: int  # input rows per work chunk (bounds each worker's memory)
+    num_workers: int  # tokenizer processes (1 = in the stage process)
+    gates: TokenizeGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml. Sections appear here as their stages land."""
 
@@ -241,6 +271,7 @@ class Params:
     generate: GenerateParams
     plan: PlanParams
     audit: AuditParams
+    tokenize: TokenizeParams
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,6 +502,8 @@ __all__ = [
     "PlanParams",
     "TargetParams",
     "TinyTargetParams",
+    "TokenizeGates",
+    "TokenizeParams",
     "apply_overrides",
     "as_dict",
     "from_dict",

@@ -62,3 +62,18 @@ def test_fast_render_equals_transformers(fast, qwen_tokenizer, thinking, index):
 def test_missing_tokenizer_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="tokenizer.json missing"):
         load_fast_chat(tmp_path)
+
+
+def test_sandbox_verdict_cache_still_refuses_unsafe_attributes():
+    """compile_chat_template caches the sandbox's attribute verdicts per (type, name): a second render must
+    refuse exactly what the first refused."""
+    from jinja2.exceptions import SecurityError
+
+    from dflash.chat import compile_chat_template
+
+    for _ in range(2):
+        with pytest.raises(SecurityError, match="append"):
+            compile_chat_template("{% set l = [] %}{{ l.append(1) }}").render()
+        with pytest.raises(SecurityError, match="__class__"):
+            compile_chat_template("{{ (1).__class__.__mro__ }}").render()
+        assert compile_chat_template("{{ 'a b'.split(' ') | length }}").render() == "2"
