@@ -1,6 +1,7 @@
 # dflash-pipeline: every target is a one-liner that delegates (see README.md).
 #   make demo   - set up if needed, then `dvc repro` the whole pipeline on the embedded tiny target (CPU)
 #   make test   - set up if needed, then the test suite
+#   GPU host (README "GPU host"): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
@@ -13,8 +14,11 @@ TORCH_INDEX ?=
 PIP_EXTRA := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 PARAMS ?= params.yaml
 GPU_OVERLAY ?= params/gpu-qwen3.6-27b.yaml
+IMAGE ?= dflash-pipeline:gpu
+WITH_FLASH_ATTN ?= 0
+REMOTE ?= storage
 
-.PHONY: setup demo repro test test-fast lint plan clean-venv
+.PHONY: setup demo repro test test-fast lint plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
 
 setup: $(STAMP)
 
@@ -42,9 +46,42 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint docker/Dockerfile
+	$(PY) docker/base_image.py check
 
 plan: $(STAMP)
 	python -m stages.plan --params $(PARAMS)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# ---- GPU host: the pinned CUDA 13 image (docker/), runs with all GPUs and this checkout mounted -----------
+image:
+	python3 docker/base_image.py check && docker build -f docker/Dockerfile -t $(IMAGE) --build-arg WITH_FLASH_ATTN=$(WITH_FLASH_ATTN) .
+
+# Re-pin the base on a host with Docker: docker pull + docker inspect RepoDigests -> docker/base-image.digest + FROM.
+image-pin:
+	python3 docker/base_image.py pin $(TAG)
+
+# dvc repro reads only params.yaml: write the GPU overlay into it (dflash.overlay keeps comments), then repro.
+repro-gpu:
+	docker/run.sh $(IMAGE) bash -c 'python -m dflash.overlay $(GPU_OVERLAY) && dvc repro $(ARGS)'
+
+gpu-shell:
+	docker/run.sh $(IMAGE) bash
+
+gpu-run:
+	docker/run.sh $(IMAGE) bash -c '$(CMD)'
+
+# ---- S3 remote (DVC). Needs only `dvc` on PATH (.venv after `make setup`, or inside the image via gpu-run). --
+# Writes the remote to .dvc/config.local (git-ignored). Credentials: AWS env vars or ~/.aws, never here.
+remote:
+	$(if $(BUCKET),,$(error usage: make remote BUCKET=bucket[/prefix] [ENDPOINT=https://s3.example.com] [REMOTE=name]))
+	dvc remote add --local -d -f $(REMOTE) s3://$(BUCKET)
+	$(if $(ENDPOINT),dvc remote modify --local $(REMOTE) endpointurl $(ENDPOINT),true)
+
+push:
+	dvc push --run-cache
+
+pull:
+	dvc pull --run-cache

@@ -1,0 +1,103 @@
+"""dflash.overlay writes a params overlay into params.yaml (what `make repro-gpu` does before `dvc repro`),
+and the shipped GPU overlay describes the real job consistently."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash.config import ParamsError, load_params
+from dflash.overlay import apply_overlay, apply_overlay_text, main
+
+OVERLAY = "params/gpu-qwen3.6-27b.yaml"
+
+
+def _comments(text: str) -> list[str]:
+    return [m.group(1).strip() for m in re.finditer(r"#(.*)$", text, re.MULTILINE)]
+
+
+@pytest.fixture()
+def params_copy(repo_root, tmp_path) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text((repo_root / "params.yaml").read_text())
+    return path
+
+
+def test_written_params_equal_the_overlay_merge_and_keep_every_comment(repo_root, params_copy):
+    before = params_copy.read_text()
+    changes = apply_overlay(params_copy, repo_root / OVERLAY)
+    after = params_copy.read_text()
+    assert changes and after != before
+    # what dvc repro will read == what `--overlay` gives the stages
+    assert load_params(params_copy) == load_params(repo_root / "params.yaml", overlays=[repo_root / OVERLAY])
+    assert _comments(after) == _comments(before)  # every comment kept, in order
+    # only the changed values' lines differ
+    changed_keys = {c.split(":")[0].rsplit(".", 1)[-1] for c in changes}
+    for old, new in zip(before.splitlines(), after.splitlines(), strict=True):
+        if old != new:
+            assert old.split(":")[0].strip() in changed_keys, (old, new)
+
+
+def test_applying_twice_changes_nothing(repo_root, params_copy):
+    apply_overlay(params_copy, repo_root / OVERLAY)
+    once = params_copy.read_text()
+    assert apply_overlay(params_copy, repo_root / OVERLAY) == []
+    assert params_copy.read_text() == once
+
+
+def test_values_read_back_identically_by_yaml_1_1_and_1_2(repo_root):
+    # Strings that a YAML 1.1 reader (PyYAML, the stages) would turn into bool / float / int if unquoted,
+    # and floats whose shortest repr PyYAML reads as a string.
+    text = (repo_root / "params.yaml").read_text()
+    overlay = {
+        "target": {"source": "yes", "revision": "1e3"},
+        "generate": {"quantization": "off", "sampling": {"stop": ["no", "12:30", "</s>"], "top_p": 1e-06}},
+        "drafter": {"rope_theta": 1e20, "rms_norm_eps": 1e-05},
+        "base": {"chat_template_kwargs": {"preserve_thinking": True, "mode": "on"}},
+    }
+    new_text, _ = apply_overlay_text(text, overlay)
+    raw = yaml.safe_load(new_text)
+    assert raw["target"] == {**raw["target"], "source": "yes", "revision": "1e3"}
+    assert raw["generate"]["quantization"] == "off"
+    assert raw["generate"]["sampling"]["stop"] == ["no", "12:30", "</s>"]
+    assert raw["generate"]["sampling"]["top_p"] == 1e-06 and isinstance(raw["generate"]["sampling"]["top_p"], float)
+    assert raw["drafter"]["rope_theta"] == 1e20 and raw["drafter"]["rms_norm_eps"] == 1e-05
+    assert raw["base"]["chat_template_kwargs"] == {"preserve_thinking": True, "mode": "on"}
+
+
+def test_unknown_key_is_an_error_and_the_file_is_untouched(params_copy, tmp_path):
+    overlay = tmp_path / "bad.yaml"
+    overlay.write_text("generate:\n  num_enignes: 4\n")
+    before = params_copy.read_text()
+    with pytest.raises(ParamsError, match="generate.num_enignes"):
+        apply_overlay(params_copy, overlay)
+    assert params_copy.read_text() == before
+    assert main([str(overlay), "--params", str(params_copy)]) == 2
+
+
+def test_check_mode_reports_without_writing(repo_root, params_copy, capsys):
+    before = params_copy.read_text()
+    assert main([str(repo_root / OVERLAY), "--params", str(params_copy), "--check"]) == 0
+    assert "generate.num_engines: 1 -> 4" in capsys.readouterr().out
+    assert params_copy.read_text() == before
+
+
+def test_gpu_overlay_describes_one_bf16_engine_per_gpu_in_thinking_mode(repo_root):
+    p = load_params(repo_root / "params.yaml", overlays=[repo_root / OVERLAY])
+    g = p.generate
+    assert p.target.source == "Qwen/Qwen3.6-27B" and re.fullmatch(r"[0-9a-f]{40}", p.target.revision)
+    assert p.base.enable_thinking
+    assert g.tensor_parallel_size == 1 and g.num_engines * g.tensor_parallel_size == p.plan.num_gpus == 4
+    assert g.dtype == "bfloat16" and g.quantization == ""
+    assert g.max_num_seqs == 8  # vLLM recipe, BF16 Qwen3.6-27B on one RTX PRO 6000
+    assert not g.enforce_eager and 0.85 <= g.gpu_memory_utilization <= 0.95
+    # the plan estimates the run that generate will do
+    assert g.max_model_len == p.plan.generation.max_model_len
+    assert g.gpu_memory_utilization == p.plan.generation.gpu_memory_utilization
+    assert g.tensor_parallel_size == p.plan.generation.tensor_parallel_size
+    assert g.sampling.max_tokens < g.max_model_len  # room for the prompt
+    assert g.sampling.temperature > 0  # Qwen's thinking-mode sampling, not greedy (see the overlay's comment)
+    assert p.drafter.mask_token_id == 248070 and p.drafter.block_size == 16
