@@ -45,6 +45,7 @@ from dflash.data import DocIndex, ShardReader, epoch_rows, make_batch, packing_e
 from dflash.features import TargetFeatures, load_target, target_config_dict
 from dflash.io import file_sha256
 from dflash.loss import LMHead, decayed_ce, slot_weights, tau_hat, valid_weight_sum
+from dflash.masks import build_masks
 from dflash.model import (
     block_input_ids,
     block_labels,
@@ -182,6 +183,8 @@ class Trainer:
         on_gpu = self.device.type == "cuda"
         self.dtype = _DTYPES[tp.dtype] if tp.dtype != "auto" else (torch.bfloat16 if on_gpu else torch.float32)
         self.backend = tp.attention if tp.attention != "auto" else ("flex" if on_gpu else "sdpa")
+        if self.backend == "flex" and not on_gpu:
+            raise ValueError("train.attention: flex_attention has no backward pass on CPU; use sdpa (or auto)")
 
         # 1. config only: bad drafter params fail here, before any weights are read
         target_cfg = target_config_dict(base.target_dir, base.trust_remote_code)
@@ -323,8 +326,14 @@ class Trainer:
                 block_embeds = self.embed(block_input_ids(ids, anchors, c.block_size, c.mask_token_id))  # (N*B, H)
             sync = self.ddp is None or n == len(prepared) - 1
             with nullcontext() if sync else self.ddp.no_sync():
+                # masks are built outside the (optionally compiled) drafter: one compiled BlockMask builder
+                masks = build_masks(
+                    c.layer_types, anchors, ids.numel(), c.block_size, c.sliding_window, docs, self.backend
+                )
                 with autocast:
-                    hidden = self.forward(feats, block_embeds, anchors, docs, b.position_ids.to(dev), self.backend)
+                    hidden = self.forward(
+                        feats, block_embeds, anchors, docs, b.position_ids.to(dev), self.backend, masks
+                    )
                 out = decayed_ce(
                     hidden,
                     labels,

@@ -123,6 +123,8 @@ def _params(target: Path, out: Path, *extra: str):
         "drafter.target_layer_ids=[0, 2]",
         "drafter.max_position_embeddings=512",
         f"train.out={out}",
+        "train.target_device=cpu",  # CPU tests (bitwise checks, golden file) also on GPU hosts
+        "train.drafter_device=cpu",
         "train.live_dir=",
         "train.max_length=64",
         "train.max_tokens_per_row=128",
