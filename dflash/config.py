@@ -158,17 +158,12 @@ class PlanGenerationParams:
 
 @dataclass(frozen=True)
 class PlanTrainParams:
-    """Training assumptions of the plan. Shared names with the future `train` section: max_length,
-    num_anchors, epochs, batch_size, grad_accum_steps (the train section should own them later)."""
+    """Training assumptions only the plan needs. The plan reads max_length, num_anchors, epochs, batch_size
+    and grad_accum_steps from the `train` section (what the train stage runs)."""
 
     num_gpus: int  # GPUs for training; 0 = plan.num_gpus
     layout: Literal["auto", "single", "split", "data_parallel"]  # headline device layout; auto = fastest that fits
     split_target_gpus: int  # split layout: GPUs holding the target (the others hold the drafter)
-    max_length: int  # tokens per training sequence (longer ones are cut)
-    num_anchors: int  # blocks sampled per sequence (fewer when the response is shorter)
-    epochs: int  # passes over the training data
-    batch_size: int  # sequences per GPU per micro-step
-    grad_accum_steps: int  # micro-steps per optimizer step
     mfu: float  # share of dense BF16 peak training reaches
     state_bytes_per_param: int  # drafter bytes/param: bf16 weight 2 + bf16 grad 2 + fp32 master 4 + AdamW 4 + 4
     shard_optimizer: bool  # shard grads + optimizer states over the drafter's data-parallel ranks (ZeRO-2 / FSDP)

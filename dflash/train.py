@@ -200,12 +200,14 @@ class Trainer:
         if not len(self.index.usable):
             raise ValueError(f"{data_dir}: no document has an anchor candidate (two adjacent supervised tokens)")
         self.rows_per_step = tp.batch_size * tp.grad_accum_steps * self.world
-        self.plans = [self._plan(e) for e in range(tp.epochs)]
-        self.steps_per_epoch = [len(rows) // self.rows_per_step for rows in self.plans]
+        self._plan_cache: tuple[int, list] = (-1, [])
+        rows_per_epoch = [len(self.rows(e)) for e in range(tp.epochs)]  # plans are cheap: metadata only
+        self.packing_efficiency = packing_efficiency(self.index, self.rows(0), tp.max_tokens_per_row)
+        self.steps_per_epoch = [n // self.rows_per_step for n in rows_per_epoch]
         self.total_steps = sum(self.steps_per_epoch)
         if self.steps_per_epoch[0] == 0:
             raise ValueError(
-                f"train.batch_size: an epoch packs {len(self.plans[0])} rows, fewer than one optimizer step takes "
+                f"train.batch_size: an epoch packs {rows_per_epoch[0]} rows, fewer than one optimizer step takes "
                 f"({self.rows_per_step} = batch_size x grad_accum_steps x {self.world} processes)"
             )
         self.seed = base.seed
@@ -257,11 +259,14 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
         self._reader = ShardReader(self.index)
-        self._epoch_cached = -1
 
     # ------------------------------------------------------------------------------------------- data
-    def _plan(self, epoch: int):
-        return epoch_rows(self.index, self.params.base.seed, epoch, self.tp.max_tokens_per_row, self.tp.pack_window)
+    def rows(self, epoch: int) -> list:
+        """The epoch's packed rows (data.epoch_rows), one epoch cached."""
+        if self._plan_cache[0] != epoch:
+            plan = epoch_rows(self.index, self.params.base.seed, epoch, self.tp.max_tokens_per_row, self.tp.pack_window)
+            self._plan_cache = (epoch, plan)
+        return self._plan_cache[1]
 
     def locate(self, step: int) -> tuple[int, int]:
         """Global optimizer step -> (epoch, step inside the epoch)."""
@@ -274,7 +279,7 @@ class Trainer:
     def micro_batches(self, step: int) -> list:
         """This process's micro-steps of a global step (module docstring)."""
         epoch, i = self.locate(step)
-        rows = self.plans[epoch][i * self.rows_per_step : (i + 1) * self.rows_per_step]
+        rows = self.rows(epoch)[i * self.rows_per_step : (i + 1) * self.rows_per_step]
         b = self.tp.batch_size
         out = []
         for m in range(self.tp.grad_accum_steps):
@@ -374,7 +379,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "rng": checkpoint.rng_state(),
-            "history": self.history,
+            "history": pack_history(self.history),
         }
 
     def save(self) -> None:
@@ -397,7 +402,7 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
-        self.step, self.history = int(state["step"]), list(state["history"])
+        self.step, self.history = int(state["step"]), unpack_history(state["history"])
         log.info("resumed from %s: %s", path, checkpoint.describe(state))
         return True
 
@@ -430,6 +435,10 @@ class Trainer:
         if self.step == self.total_steps:
             self.export()
         return summary
+
+    def close(self) -> None:
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
     def export(self) -> Path:
         from dflash.export import save_drafter
@@ -466,7 +475,7 @@ class Trainer:
             "documents": int(len(self.index.length)),
             "documents_used": int(len(self.index.usable)),
             "train_tokens_per_epoch": int(self.index.length[self.index.usable].sum()),
-            "packing_efficiency": packing_efficiency(self.index, self.plans[0], self.tp.max_tokens_per_row),
+            "packing_efficiency": self.packing_efficiency,
             "rows_per_step": self.rows_per_step,
             "drafter_params": count_parameters(self.model),
             "lm_head_zero_rows": self.head.num_zero,
@@ -478,6 +487,33 @@ class Trainer:
             "wall_seconds": seconds,
             "checkpoint_dir": str(self.ckpt_dir),
         }
+
+
+_HISTORY_FLOATS = ("loss", "grad_norm", "lr", "seconds", "weight")
+_HISTORY_INTS = ("step", "epoch", "tokens")
+
+
+def pack_history(history: list[dict]) -> dict[str, torch.Tensor]:
+    """Per-step metrics as a few tensors (compact, exact: float64 holds Python floats) for state.pt."""
+    out = {k: torch.tensor([h[k] for h in history], dtype=torch.float64) for k in _HISTORY_FLOATS}
+    out |= {k: torch.tensor([h[k] for h in history], dtype=torch.long) for k in _HISTORY_INTS}
+    for k in ("correct", "counted"):
+        out[k] = torch.tensor([h[k] for h in history], dtype=torch.long).view(len(history), -1)
+    return out
+
+
+def unpack_history(packed: dict[str, torch.Tensor]) -> list[dict]:
+    n = len(packed["step"])
+    cols = {k: v.tolist() for k, v in packed.items()}
+    return [{k: cols[k][i] for k in cols} for i in range(n)]
+
+
+def get_history(checkpoint_dir: str | Path) -> list[dict]:
+    """The per-step metrics saved in a checkpoint folder's latest checkpoint (tests, analysis)."""
+    path = checkpoint.latest(checkpoint_dir)
+    if path is None:
+        return []
+    return unpack_history(torch.load(Path(path) / checkpoint.STATE, weights_only=True)["history"])
 
 
 def _mix(*parts: int) -> int:
@@ -494,8 +530,7 @@ def train(params: Params, data_dir: str | Path) -> dict:
     try:
         return trainer.run()
     finally:
-        if trainer.world > 1 and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        trainer.close()
 
 
 __all__ = ["OPERATIONAL", "Trainer", "check_params", "lr_factor", "resolve_device", "train"]

@@ -40,7 +40,7 @@ from dflash.data import (
 from dflash.features import TargetFeatures, load_target
 from dflash.loss import LMHead, decayed_ce, slot_weights, tau_hat
 from dflash.model import context_features
-from dflash.train import Trainer, lr_factor, train
+from dflash.train import Trainer, get_history, lr_factor, train
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests/golden/train_tiny.json"
@@ -110,8 +110,8 @@ def data(tmp_path_factory) -> Path:
     return folder
 
 
-def _params(target: Path, out: Path, *extra: str):
-    overrides = [
+def _overrides(target: Path, out: Path, *extra: str) -> list[str]:
+    return [
         f"base.target_dir={target}",
         "drafter.num_hidden_layers=1",
         "drafter.num_attention_heads=2",
@@ -139,7 +139,10 @@ def _params(target: Path, out: Path, *extra: str):
         "train.log_every=2",
         *extra,
     ]
-    return load_params(REPO / "params.yaml", overrides)
+
+
+def _params(target: Path, out: Path, *extra: str):
+    return load_params(REPO / "params.yaml", _overrides(target, out, *extra))
 
 
 # ------------------------------------------------------------------------------------------ anchors, packing
@@ -398,7 +401,8 @@ def test_bad_params_fail_before_the_target_loads(tmp_path, target, data, overrid
 
 def test_loss_decreases_and_dvclive_records_it(tmp_path, target, data):
     live = tmp_path / "live"
-    summary = train(_params(target, tmp_path / "out", "train.epochs=4", f"train.live_dir={live}"), data)
+    with one_thread():
+        summary = train(_params(target, tmp_path / "out", "train.epochs=4", f"train.live_dir={live}"), data)
     assert summary["completed"] and summary["lm_head_zero_rows"] == VOCAB - 300
     assert summary["final_loss"] < 0.6 * summary["first_loss"]
     assert summary["final_accuracy_by_position"][0] > 0.1 and summary["final_tau_hat"] > 1.15  # chance: 1/48
@@ -415,6 +419,30 @@ def test_loss_decreases_and_dvclive_records_it(tmp_path, target, data):
     assert cfg.target_layer_ids == (0, 2) and cfg.block_size == 4
 
 
+def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_path, target, data, capsys):
+    from dflash import cli
+    from stages import train as stage
+
+    if not hasattr(load_params(REPO / "params.yaml"), "tokenize"):
+        pytest.skip("needs the tokenize params section (from the tokenize branch)")
+    shutil.copytree(data, tmp_path / "tok/train")
+    common = [f"tokenize.out={tmp_path / 'tok'}", f"base.reports_dir={tmp_path / 'reports'}", "train.epochs=1"]
+
+    def stage_run(*extra):
+        argv = [a for o in _overrides(target, tmp_path / "out", *common, *extra) for a in ("-S", o)]
+        try:
+            cli.run(stage.main, "train", argv)
+        except SystemExit as exc:
+            return exc.code, capsys.readouterr().err
+        return 0, capsys.readouterr().err
+
+    code, err = stage_run("drafter.target_layer_ids=[0, 9]")
+    assert code == 1 and "drafter.target_layer_ids: [0, 9] out of range" in err and "Traceback" not in err
+    code, err = stage_run()
+    metrics = json.loads((tmp_path / "reports/train.json").read_text())
+    assert code == 0 and metrics["completed"] and (tmp_path / "out/drafter/model.safetensors").exists()
+
+
 def _run(target, data, out, *extra):
     with one_thread():
         return train(_params(target, out, "train.checkpoint_every=5", "train.keep_checkpoints=2", *extra), data)
@@ -424,8 +452,7 @@ def _run(target, data, out, *extra):
 def uninterrupted(tmp_path_factory, target, data):
     out = tmp_path_factory.mktemp("uninterrupted")
     summary = _run(target, data, out)
-    state = torch.load(checkpoint.latest(Path(summary["checkpoint_dir"])) / checkpoint.STATE, weights_only=True)
-    return out, summary, state["history"]
+    return out, summary, get_history(summary["checkpoint_dir"])
 
 
 def _curve(history):
@@ -445,8 +472,7 @@ def test_kill_and_resume_equals_the_uninterrupted_run_bitwise(tmp_path, target, 
     (folder / ".tmp-step-00000015/model.safetensors").write_bytes(b"torn")
     second = _run(target, data, out)
     assert second["resumed"] and second["completed"] and second["steps"] == ref["total_steps"]
-    state = torch.load(checkpoint.latest(folder) / checkpoint.STATE, weights_only=True)
-    assert _curve(state["history"]) == _curve(ref_history)  # exact: every loss, grad norm and count
+    assert _curve(get_history(folder)) == _curve(ref_history)  # exact: every loss, grad norm and count
     from safetensors.torch import load_file
 
     a, b = load_file(ref_out / "drafter/model.safetensors"), load_file(out / "drafter/model.safetensors")
