@@ -121,6 +121,33 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict, di
     return weights, state
 
 
+_HISTORY_FLOATS = ("loss", "grad_norm", "lr", "seconds", "weight")
+_HISTORY_INTS = ("step", "epoch", "tokens")
+
+
+def pack_history(history: list[dict]) -> dict[str, torch.Tensor]:
+    """Per-step metrics as a few tensors (compact, exact: float64 holds Python floats) for state.pt."""
+    out = {k: torch.tensor([h[k] for h in history], dtype=torch.float64) for k in _HISTORY_FLOATS}
+    out |= {k: torch.tensor([h[k] for h in history], dtype=torch.long) for k in _HISTORY_INTS}
+    for k in ("correct", "counted"):
+        out[k] = torch.tensor([h[k] for h in history], dtype=torch.long).view(len(history), -1)
+    return out
+
+
+def unpack_history(packed: dict[str, torch.Tensor]) -> list[dict]:
+    n = len(packed["step"])
+    cols = {k: v.tolist() for k, v in packed.items()}
+    return [{k: cols[k][i] for k in cols} for i in range(n)]
+
+
+def get_history(checkpoint_dir: str | Path) -> list[dict]:
+    """The per-step metrics saved in a checkpoint folder's latest checkpoint (tests, analysis)."""
+    path = latest(checkpoint_dir)
+    if path is None:
+        return []
+    return unpack_history(torch.load(Path(path) / STATE, weights_only=True)["history"])
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, check=True)
@@ -155,4 +182,16 @@ def describe(state: dict[str, Any]) -> str:
     return f"step {state['step']} (epoch {state['epoch']}, step {state['epoch_step']} of it)"
 
 
-__all__ = ["checkpoints", "config_folder", "latest", "load", "rng_state", "run_info", "save", "set_rng_state"]
+__all__ = [
+    "checkpoints",
+    "config_folder",
+    "get_history",
+    "latest",
+    "load",
+    "pack_history",
+    "rng_state",
+    "run_info",
+    "save",
+    "set_rng_state",
+    "unpack_history",
+]

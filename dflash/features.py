@@ -13,19 +13,26 @@ leaks between packed documents). Documents are sorted by length and batched righ
 `batch_tokens` padded tokens per forward: right padding leaves the real tokens' states untouched in both
 softmax and linear-attention layers.
 
+Also here, for the order of train.py's checks: the target's config without its weights, its tokenizer (the
+mask-token check) and its identity for the checkpoint hash.
+
 Legend: S tokens of a micro-step (concatenated documents), K features, H hidden size.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from dflash.io import file_sha256
 from dflash.target import resolve
+
+log = logging.getLogger(__name__)
 
 
 class _Stop(Exception):
@@ -71,6 +78,36 @@ def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
         names = [n for n, _ in found]
         raise ValueError(f"cannot find the target's {num_layers} decoder layers (candidates: {names})")
     return found[0][1]
+
+
+def target_identity(target_dir: str, config: Any) -> dict:
+    """What identifies the target's weights for the checkpoint hash: target.json, config, weight files
+    (sha256 when they total <= 2 GB, e.g. the demo's tiny target; names and sizes beyond)."""
+    info = resolve(target_dir)
+    cfg = config if isinstance(config, dict) else config.to_dict()
+    ident: dict[str, Any] = {"target": {k: v for k, v in info.items() if k != "model"}, "config": cfg}
+    folder = Path(info["model"])
+    if folder.is_dir():
+        files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+        small = sum(f.stat().st_size for f in files) <= 2 << 30
+        ident["weights"] = [[f.name, file_sha256(f) if small else f.stat().st_size] for f in files]
+    else:
+        ident["model"] = info["model"]
+    return ident
+
+
+def target_tokenizer(target_dir: str, trust_remote_code: bool):
+    from dflash.target import load_tokenizer
+
+    info = resolve(target_dir)
+    folder = Path(info["model"])
+    if folder.is_dir() and not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None  # no tokenizer files: the data scan still refuses the mask token in the data
+    try:
+        return load_tokenizer(info["model"], trust_remote_code, info.get("revision"))
+    except (OSError, ValueError) as exc:
+        log.info("no tokenizer for the mask-token check (%s)", exc)
+        return None
 
 
 class TargetFeatures:
@@ -138,4 +175,11 @@ class TargetFeatures:
         return out
 
 
-__all__ = ["TargetFeatures", "decoder_layers", "load_target", "target_config_dict"]
+__all__ = [
+    "TargetFeatures",
+    "decoder_layers",
+    "load_target",
+    "target_config_dict",
+    "target_identity",
+    "target_tokenizer",
+]

@@ -35,15 +35,13 @@ import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from dflash import checkpoint
 from dflash.config import Params, TrainParams, as_dict
 from dflash.data import DocIndex, ShardReader, epoch_rows, make_batch, packing_efficiency, scan_shards
-from dflash.features import TargetFeatures, load_target, target_config_dict
-from dflash.io import file_sha256
+from dflash.features import TargetFeatures, load_target, target_config_dict, target_identity, target_tokenizer
 from dflash.loss import LMHead, decayed_ce, slot_weights, tau_hat, valid_weight_sum
 from dflash.masks import build_masks
 from dflash.model import (
@@ -136,38 +134,6 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _target_identity(target_dir: str, config: Any) -> dict:
-    """What identifies the target's weights for the checkpoint hash: target.json, config, weight files
-    (sha256 when they total <= 2 GB, e.g. the demo's tiny target; names and sizes beyond)."""
-    from dflash.target import resolve
-
-    info = resolve(target_dir)
-    cfg = config if isinstance(config, dict) else config.to_dict()
-    ident: dict[str, Any] = {"target": {k: v for k, v in info.items() if k != "model"}, "config": cfg}
-    folder = Path(info["model"])
-    if folder.is_dir():
-        files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
-        small = sum(f.stat().st_size for f in files) <= 2 << 30
-        ident["weights"] = [[f.name, file_sha256(f) if small else f.stat().st_size] for f in files]
-    else:
-        ident["model"] = info["model"]
-    return ident
-
-
-def _tokenizer_or_none(target_dir: str, trust_remote_code: bool):
-    from dflash.target import load_tokenizer, resolve
-
-    info = resolve(target_dir)
-    folder = Path(info["model"])
-    if folder.is_dir() and not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None  # no tokenizer files: the data scan still refuses the mask token in the data
-    try:
-        return load_tokenizer(info["model"], trust_remote_code, info.get("revision"))
-    except (OSError, ValueError) as exc:
-        log.info("no tokenizer for the mask-token check (%s)", exc)
-        return None
-
-
 class Trainer:
     """Everything for one training run; `run()` is the loop. Built in the order of the module docstring."""
 
@@ -188,7 +154,7 @@ class Trainer:
 
         # 1. config only: bad drafter params fail here, before any weights are read
         target_cfg = target_config_dict(base.target_dir, base.trust_remote_code)
-        tokenizer = _tokenizer_or_none(base.target_dir, base.trust_remote_code)
+        tokenizer = target_tokenizer(base.target_dir, base.trust_remote_code)
         self.cfg = build_drafter_config(params.drafter, target_cfg, tokenizer)
         if tp.max_length + self.cfg.block_size > self.cfg.max_position_embeddings:
             raise ValueError(
@@ -217,7 +183,7 @@ class Trainer:
             "drafter": config_dict(self.cfg),
             "seed": base.seed,
             "compute": {"device": self.device.type, "dtype": str(self.dtype), "attention": self.backend},
-            "target": _target_identity(base.target_dir, target_cfg),
+            "target": target_identity(base.target_dir, target_cfg),
             "data": self.index.fingerprint(),
         }
         if self.world > 1 and not torch.distributed.is_initialized():
@@ -379,7 +345,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "rng": checkpoint.rng_state(),
-            "history": pack_history(self.history),
+            "history": checkpoint.pack_history(self.history),
         }
 
     def save(self) -> None:
@@ -402,7 +368,7 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
-        self.step, self.history = int(state["step"]), unpack_history(state["history"])
+        self.step, self.history = int(state["step"]), checkpoint.unpack_history(state["history"])
         log.info("resumed from %s: %s", path, checkpoint.describe(state))
         return True
 
@@ -487,33 +453,6 @@ class Trainer:
             "wall_seconds": seconds,
             "checkpoint_dir": str(self.ckpt_dir),
         }
-
-
-_HISTORY_FLOATS = ("loss", "grad_norm", "lr", "seconds", "weight")
-_HISTORY_INTS = ("step", "epoch", "tokens")
-
-
-def pack_history(history: list[dict]) -> dict[str, torch.Tensor]:
-    """Per-step metrics as a few tensors (compact, exact: float64 holds Python floats) for state.pt."""
-    out = {k: torch.tensor([h[k] for h in history], dtype=torch.float64) for k in _HISTORY_FLOATS}
-    out |= {k: torch.tensor([h[k] for h in history], dtype=torch.long) for k in _HISTORY_INTS}
-    for k in ("correct", "counted"):
-        out[k] = torch.tensor([h[k] for h in history], dtype=torch.long).view(len(history), -1)
-    return out
-
-
-def unpack_history(packed: dict[str, torch.Tensor]) -> list[dict]:
-    n = len(packed["step"])
-    cols = {k: v.tolist() for k, v in packed.items()}
-    return [{k: cols[k][i] for k in cols} for i in range(n)]
-
-
-def get_history(checkpoint_dir: str | Path) -> list[dict]:
-    """The per-step metrics saved in a checkpoint folder's latest checkpoint (tests, analysis)."""
-    path = checkpoint.latest(checkpoint_dir)
-    if path is None:
-        return []
-    return unpack_history(torch.load(Path(path) / checkpoint.STATE, weights_only=True)["history"])
 
 
 def _mix(*parts: int) -> int:

@@ -40,7 +40,7 @@ from dflash.data import (
 from dflash.features import TargetFeatures, load_target
 from dflash.loss import LMHead, decayed_ce, slot_weights, tau_hat
 from dflash.model import context_features
-from dflash.train import Trainer, get_history, lr_factor, train
+from dflash.train import Trainer, lr_factor, train
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests/golden/train_tiny.json"
@@ -452,7 +452,7 @@ def _run(target, data, out, *extra):
 def uninterrupted(tmp_path_factory, target, data):
     out = tmp_path_factory.mktemp("uninterrupted")
     summary = _run(target, data, out)
-    return out, summary, get_history(summary["checkpoint_dir"])
+    return out, summary, checkpoint.get_history(summary["checkpoint_dir"])
 
 
 def _curve(history):
@@ -472,7 +472,7 @@ def test_kill_and_resume_equals_the_uninterrupted_run_bitwise(tmp_path, target, 
     (folder / ".tmp-step-00000015/model.safetensors").write_bytes(b"torn")
     second = _run(target, data, out)
     assert second["resumed"] and second["completed"] and second["steps"] == ref["total_steps"]
-    assert _curve(get_history(folder)) == _curve(ref_history)  # exact: every loss, grad norm and count
+    assert _curve(checkpoint.get_history(folder)) == _curve(ref_history)  # exact: every loss, grad norm and count
     from safetensors.torch import load_file
 
     a, b = load_file(ref_out / "drafter/model.safetensors"), load_file(out / "drafter/model.safetensors")
