@@ -158,17 +158,12 @@ class PlanGenerationParams:
 
 @dataclass(frozen=True)
 class PlanTrainParams:
-    """Training assumptions of the plan. Shared names with the future `train` section: max_length,
-    num_anchors, epochs, batch_size, grad_accum_steps (the train section should own them later)."""
+    """Training assumptions only the plan needs. The plan reads max_length, num_anchors, epochs, batch_size
+    and grad_accum_steps from the `train` section (what the train stage runs)."""
 
     num_gpus: int  # GPUs for training; 0 = plan.num_gpus
     layout: Literal["auto", "single", "split", "data_parallel"]  # headline device layout; auto = fastest that fits
     split_target_gpus: int  # split layout: GPUs holding the target (the others hold the drafter)
-    max_length: int  # tokens per training sequence (longer ones are cut)
-    num_anchors: int  # blocks sampled per sequence (fewer when the response is shorter)
-    epochs: int  # passes over the training data
-    batch_size: int  # sequences per GPU per micro-step
-    grad_accum_steps: int  # micro-steps per optimizer step
     mfu: float  # share of dense BF16 peak training reaches
     state_bytes_per_param: int  # drafter bytes/param: bf16 weight 2 + bf16 grad 2 + fp32 master 4 + AdamW 4 + 4
     shard_optimizer: bool  # shard grads + optimizer states over the drafter's data-parallel ranks (ZeRO-2 / FSDP)
@@ -262,6 +257,46 @@ class TokenizeParams:
 
 
 @dataclass(frozen=True)
+class TrainParams:
+    """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train.py).
+    Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
+    checkpoint cadence, device placement, max_steps, export_dtype, target_batch_tokens, compile) are left out of
+    the checkpoint folder's config hash, so changing them still resumes; batch_size and grad_accum_steps enter it
+    only through the global batch (rows per optimizer step)."""
+
+    out: str  # output folder: drafter/ (the z-lab export eval serves) and checkpoints/<config hash>/ (persisted)
+    live_dir: str  # dvclive folder: per-step metrics and plots (loss, accuracy per position, lr, tokens/s)
+    max_length: int  # tokens per training document (longer ones are cut)
+    max_tokens_per_row: int  # capacity of one packed row (several documents, kept apart by the attention mask)
+    pack_window: int  # documents packed together (best-fit decreasing over a shuffled window of this many)
+    num_anchors: int  # blocks sampled per document per epoch (fewer when it has fewer anchor candidates)
+    epochs: int  # passes over the training data
+    batch_size: int  # packed rows per process per micro-step (one drafter forward)
+    grad_accum_steps: int  # micro-steps per optimizer step
+    lr: float  # AdamW peak learning rate
+    min_lr_ratio: float  # the cosine schedule ends at lr x this
+    warmup_ratio: float  # share of all optimizer steps spent in linear warmup
+    weight_decay: float  # AdamW decoupled weight decay
+    adam_betas: list[float]  # AdamW (beta1, beta2)
+    grad_clip: float  # clip the global gradient norm to this (0 = off)
+    loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
+    logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
+    feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)
+    attention: Literal["auto", "sdpa", "flex"]  # drafter attention backend; auto = flex on CUDA, sdpa on CPU
+    compile: bool  # torch.compile the drafter
+    dtype: Literal["auto", "float32", "bfloat16"]  # target weights + drafter autocast (fp32 master); auto: bf16 on CUDA
+    target_device: str  # auto | cpu | cuda | cuda:N (N counts from this process's first GPU); auto = cuda:0 or cpu
+    drafter_device: str  # same spelling; a different GPU than the target's = the split layout
+    gpus_per_process: int  # GPUs each process owns (process r owns GPUs r*n .. r*n+n-1); 2 for the split layout
+    target_batch_tokens: int  # padded tokens per target forward (documents batched by length)
+    checkpoint_every: int  # optimizer steps between checkpoints (0 = only at epoch ends)
+    keep_checkpoints: int  # newest checkpoints kept in the config's folder (older ones are deleted)
+    log_every: int  # optimizer steps between dvclive / progress-bar updates
+    max_steps: int  # stop after this many optimizer steps in total (0 = all epochs); the schedule still spans all
+    export_dtype: Literal["auto", "float32", "bfloat16"]  # dtype of the exported drafter; auto = the compute dtype
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml. Sections appear here as their stages land."""
 
@@ -272,6 +307,7 @@ class Params:
     plan: PlanParams
     audit: AuditParams
     tokenize: TokenizeParams
+    train: TrainParams
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,6 +540,7 @@ __all__ = [
     "TinyTargetParams",
     "TokenizeGates",
     "TokenizeParams",
+    "TrainParams",
     "apply_overrides",
     "as_dict",
     "from_dict",

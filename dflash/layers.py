@@ -56,12 +56,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, backend: str
         from torch.nn.attention.flex_attention import flex_attention
 
         global _compiled_flex
+        if torch.is_autocast_enabled(q.device.type):  # flex is no autocast op: q/k (fp32 norms) and v must agree
+            dt = torch.get_autocast_dtype(q.device.type)
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
         fn = flex_attention
         if q.is_cuda:  # eager flex materialises the scores; the compiled kernel is the point on GPU
             if _compiled_flex is None:
                 _compiled_flex = torch.compile(flex_attention)
             fn = _compiled_flex
-        out = fn(q, k, v, block_mask=mask, enable_gqa=True)
+        # Under autograd force the main kernel: for < 128 queries inductor picks flex *decoding*, which had
+        # no valid kernel config for a backward pass on an H200 (torch 2.11).
+        options = {"FORCE_USE_FLEX_ATTENTION": True} if torch.is_grad_enabled() else None
+        out = fn(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
     else:
         raise ValueError(f"attention backend {backend!r}: expected 'sdpa' or 'flex'")
     return out.squeeze(0).transpose(0, 1).flatten(1)  # (Q, nh*hd)

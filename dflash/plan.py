@@ -26,9 +26,11 @@ Command: python -m stages.plan --params params.yaml [--overlay params/gpu-qwen3.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 from dflash import sizing
+from dflash.config import as_dict
 from dflash.plan_inputs import (
     GpuProfile,
     dataset_inputs,
@@ -201,6 +203,18 @@ def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+TRAIN_KEYS = ("max_length", "num_anchors", "epochs", "batch_size", "grad_accum_steps")
+
+
+def train_inputs(params: Any) -> SimpleNamespace:
+    """The plan's training knobs: plan.train_assumptions plus max_length, num_anchors, epochs, batch_size and
+    grad_accum_steps from the `train` section, so the plan estimates the run the train stage will do. The train
+    stage packs several documents into a row of train.max_tokens_per_row tokens; the plan counts sequences."""
+    return SimpleNamespace(
+        **as_dict(params.plan.train_assumptions), **{k: getattr(params.train, k) for k in TRAIN_KEYS}
+    )
+
+
 def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, float]:
     """FLOPs to train on one sequence: target forward, drafter forward + backward, frozen lm_head on drafted slots."""
     s = min(seq_tokens, ta.max_length)
@@ -364,7 +378,7 @@ def make_plan(params: Any) -> dict:
     if data["pilot"]:  # the measured mean replaces the assumed one; keep the range around it
         data["low"] = min(data["low"], data["mean_output_tokens"])
         data["high"] = max(data["high"], data["mean_output_tokens"])
-    ta = plan.train_assumptions
+    ta = train_inputs(params)
     train_gpus = ta.num_gpus or plan.num_gpus
     gen = generation_estimate(target, hw, plan.generation, plan.weight_dtype, plan.num_gpus, data, price)
     train = training_estimate(target, drafter, hw, ta, plan.weight_dtype, train_gpus, data)
@@ -430,7 +444,7 @@ def make_plan(params: Any) -> dict:
 
 def assumptions(params: Any, t: sizing.TargetArch, hw: GpuProfile) -> list[str]:
     """The modelling choices behind the numbers, in words (the report's last section)."""
-    g, ta = params.plan.generation, params.plan.train_assumptions
+    g, ta = params.plan.generation, train_inputs(params)
     out = [
         f"Generation: one vLLM engine per {g.tensor_parallel_size} GPU(s). A decode step takes max(bytes read / "
         f"(bandwidth x {g.bandwidth_efficiency}), FLOPs / (dense BF16 peak x {g.decode_mfu})); bytes = weights (minus "

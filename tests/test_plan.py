@@ -199,7 +199,7 @@ def test_training_memory_verdict_flips(tmp_path):
     assert plan.make_plan(_params(tmp_path, *base, f"plan.hardware_file={big}"))["training"]["headline"]["fits"]
     # growing the batch grows activations until the same card no longer fits
     verdicts = [
-        plan.make_plan(_params(tmp_path, *base, f"plan.train_assumptions.batch_size={b}"))["training"]["headline"][
+        plan.make_plan(_params(tmp_path, *base, f"train.batch_size={b}"))["training"]["headline"][
             "fits"
         ]
         for b in (1, 2, 4)
