@@ -50,10 +50,10 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from dflash.generate import _engine_kwargs
+    from dflash.engines import engine_kwargs
 
     g = params.generate
-    llm = LLM(**_engine_kwargs(g, target, "", params.base.seed, False))
+    llm = LLM(**engine_kwargs(g, target, "", params.base.seed, False))
     s = g.sampling
     sp = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
     t0 = time.time()
@@ -61,9 +61,9 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     dt = time.time() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     queue.put((tokens, dt))
-    from dflash.generate import _shutdown
+    from dflash.engines import shutdown_engine
 
-    _shutdown(llm.llm_engine, queue, 0)  # stops vLLM's engine-core processes too
+    shutdown_engine(llm.llm_engine, queue, 0)  # stops vLLM's engine-core processes too
 
 
 def main() -> None:
@@ -110,7 +110,9 @@ def main() -> None:
     stage = m["output_tokens_per_s"]
     print(f"prompts {args.prompts}, max_tokens {args.max_tokens}, unit_size {args.unit_size}")
     print(f"bare LLM.generate : {bare_tokens} output tokens in {bare_s:.2f} s = {bare:.1f} tok/s")
-    print(f"generate stage    : {m['output_tokens']} output tokens in {m['generation_wall_s']:.2f} s = {stage:.1f} tok/s")
+    print(
+        f"generate stage    : {m['output_tokens']} output tokens in {m['generation_wall_s']:.2f} s = {stage:.1f} tok/s"
+    )
     print(f"stage / bare      : {stage / bare:.3f}  (goal >= 0.95)")
 
 

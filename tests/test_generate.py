@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, write_conversations
+
 from dflash import generate as gen
 from dflash.config import load_params
+from dflash.engines import kill_tree
 from dflash.io import file_sha256, list_shards, read_arrow, read_json
 
 U = {"role": "user", "content": "What is 2 + 2?"}
@@ -68,7 +68,9 @@ def test_unit_names_follow_their_members():
 
 
 def test_split_reasoning_at_think_end(qwen_tokenizer):
-    ids = qwen_tokenizer("<think>\nadd them\n</think>\n\nThe answer is 4.<|im_end|>", add_special_tokens=False)["input_ids"]
+    ids = qwen_tokenizer("<think>\nadd them\n</think>\n\nThe answer is 4.<|im_end|>", add_special_tokens=False)[
+        "input_ids"
+    ]
     end = qwen_tokenizer.convert_tokens_to_ids("</think>")
     assert gen.split_reasoning(qwen_tokenizer, ids, end) == ("add them", "The answer is 4.", True)
     cut = ids[: ids.index(end)]  # truncated before </think>
@@ -100,8 +102,6 @@ def test_run_identity_changes_with_outputs_not_with_engine_sizing(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- vLLM
 
-pytestmark_vllm = [pytest.mark.slow, pytest.mark.vllm]
-
 
 def _stage_cmd(ws: Path, target: Path, *extra: str) -> list[str]:
     overrides = [
@@ -124,19 +124,6 @@ def _rows(run_dir: Path) -> list[dict]:
     for shard in list_shards(run_dir, "unit-*.arrow"):
         rows.extend(read_arrow(shard).to_pylist())
     return rows
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    import psutil
-
-    root = psutil.Process(proc.pid)
-    procs = [*root.children(recursive=True), root]
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +179,9 @@ def test_sigkill_and_resume_loses_and_duplicates_nothing(workspace, tiny_target,
     committed: dict[str, str] = {}  # shard name -> sha256 at the time of a kill
     kills = 0
     for attempt in range(3):
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         run_dirs = []
         deadline = time.time() + 240
         before = len(committed)
@@ -204,7 +193,7 @@ def test_sigkill_and_resume_loses_and_duplicates_nothing(workspace, tiny_target,
             time.sleep(0.2)
         time.sleep(rng.uniform(0.0, 1.5))
         if proc.poll() is None:
-            _kill_tree(proc)
+            kill_tree(proc.pid)  # the whole tree: dispatcher, worker, vLLM engine core
             kills += 1
         assert run_dirs, f"attempt {attempt}: no run folder appeared"
         for shard in list_shards(run_dirs[0], "unit-*.arrow"):
@@ -249,5 +238,7 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     assert m["num_completed"] + m["num_skipped"] + m["num_failed"] == m["num_prompts"]
     assert [u["unit"] for u in m["units_failed"]] == [1]
     names = {p.name for p in list_shards(Path(m["run_dir"]), "unit-*.arrow")}
-    assert names == {u.name for u in gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)} - {bad.name}
+    assert names == {
+        u.name for u in gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)
+    } - {bad.name}
     assert not (ws / "generate" / "current.json").exists()  # an incomplete run is never marked current

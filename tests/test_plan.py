@@ -199,9 +199,7 @@ def test_training_memory_verdict_flips(tmp_path):
     assert plan.make_plan(_params(tmp_path, *base, f"plan.hardware_file={big}"))["training"]["headline"]["fits"]
     # growing the batch grows activations until the same card no longer fits
     verdicts = [
-        plan.make_plan(_params(tmp_path, *base, f"train.batch_size={b}"))["training"]["headline"][
-            "fits"
-        ]
+        plan.make_plan(_params(tmp_path, *base, f"train.batch_size={b}"))["training"]["headline"]["fits"]
         for b in (1, 2, 4)
     ]
     assert verdicts[0] and not verdicts[-1]
@@ -256,7 +254,16 @@ def test_missing_target_config_names_the_param(tmp_path, capsys):
 
 
 def test_missing_dataset_size_names_the_param(tmp_path, capsys):
-    argv = ["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", "plan.audit_json=", "-S", "plan.dataset.num_prompts=0"]
+    argv = [
+        "--overlay",
+        OVERLAY,
+        "-S",
+        f"base.reports_dir={tmp_path}",
+        "-S",
+        "plan.audit_json=",
+        "-S",
+        "plan.dataset.num_prompts=0",
+    ]
     code, _, err = _run_stage(argv, capsys)
     assert code == 1 and "plan.dataset.num_prompts" in err
 
