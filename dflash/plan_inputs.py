@@ -175,9 +175,10 @@ def dataset_inputs(plan: Any, paths: dict[str, Path]) -> dict[str, Any]:
         )
 
     # Training data: measured token totals when tokenize ran, else prompt + output per prompt.
-    samples = number(tok, ("num_samples",)) if tok else None
-    total = number(tok, ("total_tokens",)) if tok else None
-    loss = number(tok, ("loss_tokens",)) if tok else None
+    # The training split only (tokenize.json also counts the held-out eval split in num_samples).
+    samples = number(tok, ("train_samples", "num_samples")) if tok else None
+    total = number(tok, ("train_tokens", "total_tokens")) if tok else None
+    loss = number(tok, ("train_loss_tokens", "loss_tokens")) if tok else None
     if samples and total and loss:
         out.update(train_samples=samples, seq_tokens=total / samples, loss_tokens=loss / samples)
         src.update({k: f"{paths['tokenize']}" for k in ("train_samples", "seq_tokens", "loss_tokens")})
