@@ -256,7 +256,7 @@ class EvalParams:
     attention_backend: str  # vLLM attention backend of the target ("" = the engine's choice; e.g. CPU_ATTN, FLASH_ATTN)
     draft_attention_backend: str  # vLLM attention backend of the drafter ("" = the engine's choice; needs non-causal)
     max_model_len: int  # engine context limit; prompts longer than max_model_len - max_tokens - block_size are skipped
-    max_num_seqs: int  # concurrent requests per engine (the load the speedup is measured at)
+    max_num_seqs: int  # concurrent requests per engine, the load the speedup is measured at (1 = latency-bound, as in the DFlash paper)
     max_num_batched_tokens: int  # tokens per engine step (keep >= max_num_seqs * block_size: drafts are never cut)
     gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) each engine reserves
     enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)

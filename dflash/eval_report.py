@@ -227,7 +227,7 @@ def markdown(report: dict) -> str:
     rows = list(csv.reader(io.StringIO(acceptance_csv(r))))
     lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(_fmt(float(c)) if c and i else c for i, c in enumerate(row)) + " |" for row in rows[1:]]
-    lines += ["", "Goal (demo): "]
+    lines += ["", "Goal (demo):"]
     for key, g in r["goal"].items():
         lines.append(f"- {key} {g['want']}: {_fmt(g['met'])}")
     for note in r["notes"]:

@@ -81,7 +81,12 @@ class _Target:
         """Keep the first `keep` of the ids just fed (the verified ones); drop the rest from the cache."""
         self.ids += new_ids[:keep]
         if self.cache is not None and keep < len(new_ids):
-            self.cache.crop(-(len(new_ids) - keep))  # negative = number of positions to remove
+            try:
+                self.cache.crop(-(len(new_ids) - keep))  # negative = number of positions to remove
+            except (RuntimeError, NotImplementedError) as exc:  # e.g. linear-attention (GDN) layers
+                raise ValueError(
+                    f"the target's KV cache cannot drop rejected positions ({exc}); use eval.reference_mode=recompute"
+                ) from exc
 
 
 @torch.no_grad()
