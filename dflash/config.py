@@ -226,6 +226,36 @@ class AuditParams:
     gates: AuditGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
 
 
+EvalEngine = Literal["dflash", "untrained", "ngram", "none"]
+ReferenceMode = Literal["cache", "recompute"]
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    """Stage `eval`: tau, acceptance per position and speedup measured by real vLLM speculative decoding on
+    held-out prompts, beside a PyTorch reference evaluator and baselines (see dflash/evaluate.py)."""
+
+    num_prompts: int  # prompts evaluated, the first N in shard order (0 = all)
+    max_tokens: int  # output budget per prompt, the same for every engine and the reference
+    temperature: float  # 0 = greedy (spec output must equal plain output); > 0 samples (the reference stays greedy)
+    engines: list[EvalEngine]  # engine configurations, one vLLM engine each: dflash (required), untrained, ngram, none
+    reference: bool  # also run the PyTorch reference evaluator (transformers target + our drafter, greedy)
+    reference_mode: ReferenceMode  # reference target: KV cache cropped after rejection, or full recompute
+    reference_device: str  # torch device of the reference evaluator; "auto" = cuda when present, else cpu
+    ngram_num_speculative_tokens: int  # tokens the n-gram baseline proposes per step (0 = block_size - 1)
+    prompt_lookup_min: int  # n-gram baseline: shortest n-gram matched in the context
+    prompt_lookup_max: int  # n-gram baseline: longest n-gram matched in the context
+    dtype: str  # engine and reference dtype: bfloat16 | float16 | float32
+    attention_backend: str  # vLLM attention backend of the target ("" = the engine's choice; e.g. CPU_ATTN, FLASH_ATTN)
+    draft_attention_backend: str  # vLLM attention backend of the drafter ("" = the engine's choice; needs non-causal)
+    max_model_len: int  # engine context limit; prompts longer than max_model_len - max_tokens - block_size are skipped
+    max_num_seqs: int  # concurrent requests per engine, the load the speedup is measured at (1 = latency-bound, as in the DFlash paper)
+    max_num_batched_tokens: int  # tokens per engine step (keep >= max_num_seqs * block_size: drafts are never cut)
+    gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) each engine reserves
+    enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
+    engine_timeout_s: int  # seconds one engine configuration may take (start + run) before it is killed
+
+
 @dataclass(frozen=True)
 class TokenizeGates:
     """The tokenize stage's gates; each names the tokenize.json metric it compares."""
@@ -308,6 +338,7 @@ class Params:
     audit: AuditParams
     tokenize: TokenizeParams
     train: TrainParams
+    eval: EvalParams
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,29 @@
+"""Stage `eval`: the drafter's acceptance length tau measured by real vLLM speculative decoding on held-out
+prompts, beside the PyTorch reference evaluator, an untrained drafter, vLLM's n-gram drafter and plain decoding.
+
+Inputs: the exported drafter `${train.out}/drafter`, the target in `${base.target_dir}`, the tokenize stage's eval
+shards `${tokenize.out}/eval/shard-*.arrow`. Outputs: `reports/eval.json` (tau, tau_reference, tau_untrained,
+tau_ngram, acceptance_per_position, speedup, num_prompts, ...), `reports/eval.md`, `reports/eval_acceptance.csv`.
+Each engine configuration in `eval.engines` starts its own vLLM engine (~30 s each on CPU).
+
+    python -m stages.eval --params params.yaml
+    python -m stages.eval -S eval.engines='[dflash, none]' -S eval.reference=false   (fewer engines)
+"""
+
+from dflash import cli
+
+
+def main(params):
+    from dflash import evaluate
+
+    try:
+        report = evaluate.run(params).report
+    except (ValueError, FileNotFoundError) as exc:
+        raise cli.StageError(f"eval: {exc}") from exc
+    keys = ("tau", "tau_reference", "tau_untrained", "tau_ngram", "speedup", "greedy_identical_frac", "num_prompts")
+    print({k: report[k] for k in keys})
+    print(f"report: {params.base.reports_dir}/eval.md")
+
+
+if __name__ == "__main__":
+    cli.run(main, __doc__.split("\n\n")[0])
