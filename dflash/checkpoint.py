@@ -1,6 +1,6 @@
 """Training checkpoints: atomic folders under a config-hashed directory, exact resume, provenance.
 
-Layout (`${train.out}/checkpoints/`, a persisted DVC out: it survives a killed `dvc repro`):
+Layout (`${train.out}/checkpoints/`, kept outside DVC's outs so that it survives a killed `dvc repro`):
   <hash>/                   one folder per training configuration: sha256 of config.json below, so a run
                             never resumes a checkpoint of other params, another target or other data
     config.json             what the hash covers, readable

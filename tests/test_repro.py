@@ -47,15 +47,32 @@ TINY = [
     "generate.unit_size=8",
     "generate.max_model_len=512",
     "generate.sampling.max_tokens=16",
+    # An untrained target rambles until the budget: keep its truncated, same-length completions (the spike
+    # gate would rightly fail 100% of samples at 16 tokens, so it only reports here).
+    "tokenize.drop_truncated=false",
+    "tokenize.drop_missing_think_end=false",
+    "tokenize.eval_count=3",
+    "tokenize.gates.loss_mask_sum_mode_frac.action=report",
+    "drafter.block_size=4",
+    "train.epochs=1",
+    "train.num_anchors=4",
+    "eval.engines=[dflash]",  # one engine start; the baselines are covered by tests/test_eval.py
+    "eval.num_prompts=3",
+    "eval.max_tokens=16",
+    "eval.max_model_len=512",
 ]
 NUM_CONVERSATIONS = 16
 
-# name: (override, stages `dvc status` names, stages `dvc repro` runs). The first case changes a param read
-# only by the last stage of today's DAG; once `train` exists, make it a train param (e.g. "train.lr=...",
-# {"train"}, {"train", "eval"}). A sampling param reruns generation and everything after it, not audit.
+# name: (override, stages `dvc status` names, stages `dvc repro` runs). A training knob reruns training and
+# what reads its drafter (eval), never generation; a sampling param reruns generation and everything after
+# it (the plan reads the pilot and tokenize metrics), never audit or the target.
 PARTIAL_RERUNS = {
-    "downstream_param": ("plan.num_gpus=2", {"plan"}, {"plan"}),
-    "sampling_param": ("generate.sampling.max_tokens=12", {"pilot", "generate"}, {"pilot", "generate", "plan"}),
+    "train_param": ("train.lr=1.0e-3", {"train"}, {"train", "eval"}),
+    "sampling_param": (
+        "generate.sampling.max_tokens=12",
+        {"pilot", "generate"},
+        {"pilot", "generate", "plan", "tokenize", "train", "eval"},
+    ),
 }
 
 DUMMY_AWS = {  # the moto server accepts any keys; distinctive values so that a leak is detectable
