@@ -53,3 +53,20 @@ def test_each_stage_runs_its_own_module_and_depends_on_it(repo_root):
         for path in stage.get("deps", []):
             if "${" not in path and not path.startswith(("artifacts/", "reports/")):
                 assert (repo_root / path).exists(), f"stage {name}: dep {path} does not exist"
+
+
+def test_no_duplicate_keys_in_dvc_or_params_yaml(repo_root):
+    """yaml.safe_load keeps the last of two equal keys silently; DVC refuses the file. Catch it here."""
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node):
+        keys = [loader.construct_object(k) for k, _ in node.value]
+        dup = {k for k in keys if keys.count(k) > 1}
+        assert not dup, f"duplicate key(s) {sorted(dup)} at line {node.start_mark.line + 1}"
+        return loader.construct_mapping(node)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    for name in ("dvc.yaml", "params.yaml"):
+        yaml.load((repo_root / name).read_text(), Loader=Strict)
