@@ -141,12 +141,10 @@ class PlanDatasetParams:
 
 @dataclass(frozen=True)
 class PlanGenerationParams:
-    """How generation runs (vLLM engine settings) and how close to the hardware peaks it gets."""
+    """How close generation gets to the hardware peaks, and cache types. The engine settings themselves
+    (tensor_parallel_size, gpu_memory_utilization, max_num_seqs, max_model_len) are read from `generate`,
+    so the plan always models the engines the generate stage will really start."""
 
-    tensor_parallel_size: int  # GPUs per vLLM engine; 1 = one engine per GPU (data parallel)
-    gpu_memory_utilization: float  # vLLM's share of GPU memory for weights + cache + activations
-    max_num_seqs: int  # vLLM's cap on sequences decoded together per engine
-    max_model_len: int  # vLLM's max_model_len: one sequence this long must fit in the cache
     kv_cache_dtype: Literal["bf16", "fp8"]  # KV cache element type of full-attention layers
     ssm_state_dtype: Literal["bf16", "fp32"]  # Gated DeltaNet recurrent state type in the engine's cache
     activation_reserve_gb: float  # per GPU, inside gpu_memory_utilization: activations, CUDA graphs, sampler

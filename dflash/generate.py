@@ -63,6 +63,7 @@ import pyarrow as pa
 from dflash.chat import template_kwargs
 from dflash.config import GenerateParams, Params, as_dict
 from dflash.io import config_hash, file_sha256, list_shards, read_arrow, read_json, write_json
+from dflash.sizing import target_signature
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict) -> dic
         "template_kwargs": template_kwargs(params.base.enable_thinking, params.base.chat_template_kwargs),
         "run_dir": str(run_dir),
         "run_hash": run_hash,
+        "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
     }
 
 
@@ -383,6 +385,7 @@ def pilot_report(
         return round(tokens / tok_s / 3600, 4) if tok_s else None
 
     return {
+        "target_signature": metrics["target_signature"],
         "pilot_prompts": metrics["num_prompts"],
         "num_completed": metrics["num_completed"],
         "num_skipped": metrics["num_skipped"],

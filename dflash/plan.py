@@ -25,6 +25,7 @@ Command: python -m stages.plan --params params.yaml [--overlay params/gpu-qwen3.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -133,9 +134,7 @@ def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
     tp = gp.tensor_parallel_size
     engines = num_gpus // tp
     if engines < 1:
-        raise ValueError(
-            f"plan.num_gpus: {num_gpus} GPUs cannot hold one engine of plan.generation.tensor_parallel_size={tp}"
-        )
+        raise ValueError(f"plan.num_gpus: {num_gpus} GPUs cannot hold one engine of generate.tensor_parallel_size={tp}")
     w = sizing.target_weight_bytes(t, weight_dtype)
     cap, step, rate = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, mean_out)
     prefill_per_prompt = sizing.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
@@ -373,14 +372,16 @@ def make_plan(params: Any) -> dict:
     if plan.num_gpus < 1:
         raise ValueError("plan.num_gpus: must be >= 1")
     price = plan.price_per_gpu_hour or hw.price_per_gpu_hour
-    data = dataset_inputs(plan, paths)
+    signature = sizing.target_signature(paths["target_config"])
+    data = dataset_inputs(plan, paths, signature)
     data["low"], data["high"] = plan.dataset.output_tokens_low, plan.dataset.output_tokens_high
     if data["pilot"]:  # the measured mean replaces the assumed one; keep the range around it
         data["low"] = min(data["low"], data["mean_output_tokens"])
         data["high"] = max(data["high"], data["mean_output_tokens"])
     ta = train_inputs(params)
     train_gpus = ta.num_gpus or plan.num_gpus
-    gen = generation_estimate(target, hw, plan.generation, plan.weight_dtype, plan.num_gpus, data, price)
+    gs = generation_settings(params)
+    gen = generation_estimate(target, hw, gs, plan.weight_dtype, plan.num_gpus, data, price)
     train = training_estimate(target, drafter, hw, ta, plan.weight_dtype, train_gpus, data)
     train["num_gpus"] = train_gpus
     train["cost_usd"] = train["headline"]["gpu_hours"] * price if price > 0 else None
@@ -388,8 +389,8 @@ def make_plan(params: Any) -> dict:
     for g in plan.gpu_counts:
         row: dict[str, Any] = {"gpus": g}
         row["generation_hours"] = (
-            generation_estimate(target, hw, plan.generation, plan.weight_dtype, g, data, price)["wall_hours"]["mid"]
-            if g >= plan.generation.tensor_parallel_size
+            generation_estimate(target, hw, gs, plan.weight_dtype, g, data, price)["wall_hours"]["mid"]
+            if g >= gs.tensor_parallel_size
             else None
         )
         # same share of target GPUs in the split layout; a layout that needs more GPUs than g falls back to auto
@@ -420,6 +421,7 @@ def make_plan(params: Any) -> dict:
             "tokenize_json": str(paths["tokenize"]) if data["tokenize"] else None,
             "pilot_json": str(paths["pilot"]) if data["pilot"] else None,
             "sources": data["sources"],
+            "ignored": data["ignored"],
         },
         "hardware": {**hw.__dict__, "count": plan.num_gpus, "price_used": price or None},
         "target": {
@@ -442,9 +444,21 @@ def make_plan(params: Any) -> dict:
     }
 
 
+def generation_settings(params: Any) -> SimpleNamespace:
+    """The engine settings of the generate stage (what will really run) + the plan's efficiency assumptions."""
+    gen, eff = params.generate, params.plan.generation
+    return SimpleNamespace(
+        tensor_parallel_size=gen.tensor_parallel_size,
+        gpu_memory_utilization=gen.gpu_memory_utilization,
+        max_num_seqs=gen.max_num_seqs,
+        max_model_len=gen.max_model_len,
+        **{f.name: getattr(eff, f.name) for f in dataclasses.fields(eff)},
+    )
+
+
 def assumptions(params: Any, t: sizing.TargetArch, hw: GpuProfile) -> list[str]:
     """The modelling choices behind the numbers, in words (the report's last section)."""
-    g, ta = params.plan.generation, train_inputs(params)
+    g, ta = generation_settings(params), train_inputs(params)
     out = [
         f"Generation: one vLLM engine per {g.tensor_parallel_size} GPU(s). A decode step takes max(bytes read / "
         f"(bandwidth x {g.bandwidth_efficiency}), FLOPs / (dense BF16 peak x {g.decode_mfu})); bytes = weights (minus "

@@ -102,7 +102,8 @@ def render_markdown(p: dict) -> str:
             ["audit metrics", p["inputs"]["audit_json"] or "absent (params used)", ""],
             ["tokenize metrics", p["inputs"]["tokenize_json"] or "absent (params used)", ""],
             ["pilot", p["inputs"]["pilot_json"] or "absent (model only)", ""],
-        ],
+        ]
+        + [[f"ignored: {path}", why, ""] for path, why in p["inputs"].get("ignored", {}).items()],
     )
     tp = tg["params"]
     lines += ["", "## Target", ""]

@@ -18,7 +18,9 @@ nk/nv linear-attention key/value heads, dk/dv their widths, K target feature lay
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
@@ -77,6 +79,16 @@ def _need(cfg: dict, key: str, source: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise ValueError(f"{source}: missing key {key!r} in the target config")
     return cfg[key]
+
+
+def target_signature(config_path: str | Path) -> str:
+    """A short name for the target a measurement was taken on (architecture, layers, hidden, vocab), written
+    into pilot / tokenize metrics so that the plan never calibrates one model with another's numbers."""
+    path = Path(config_path)
+    if not path.exists():
+        return ""
+    t = parse_target_config(json.loads(path.read_text(encoding="utf-8")), str(path))
+    return f"{t.architecture}/layers={t.num_layers}/hidden={t.hidden_size}/vocab={t.vocab_size}"
 
 
 def parse_target_config(raw: dict, source: str) -> TargetArch:

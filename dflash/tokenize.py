@@ -88,6 +88,7 @@ from dflash.samples import (
     results,
     split_key,
 )
+from dflash.sizing import target_signature
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,7 @@ def run(params: Params) -> dict[str, Any]:
     metrics = summarize(totals, p, spec)
     metrics.update(
         {**provenance, "tokenizer": tokenizer_dir, "num_input_rows": num_rows, "out": str(out)},
+        target_signature=target_signature(Path(base.target_dir) / "config.json"),
         num_train_shards=shards["train"],
         num_eval_shards=shards["eval"],
     )

@@ -94,10 +94,11 @@ def test_gpu_overlay_describes_one_bf16_engine_per_gpu_in_thinking_mode(repo_roo
     assert g.dtype == "bfloat16" and g.quantization == ""
     assert g.max_num_seqs == 8  # vLLM recipe, BF16 Qwen3.6-27B on one RTX PRO 6000
     assert not g.enforce_eager and 0.85 <= g.gpu_memory_utilization <= 0.95
-    # the plan estimates the run that generate will do
-    assert g.max_model_len == p.plan.generation.max_model_len
-    assert g.gpu_memory_utilization == p.plan.generation.gpu_memory_utilization
-    assert g.tensor_parallel_size == p.plan.generation.tensor_parallel_size
+    # the plan estimates the run that generate will do: it reads these engine settings from `generate`
+    from dflash.plan import generation_settings
+
+    gs = generation_settings(p)
+    assert (gs.max_model_len, gs.max_num_seqs, gs.tensor_parallel_size) == (g.max_model_len, g.max_num_seqs, 1)
     assert g.sampling.max_tokens < g.max_model_len  # room for the prompt
     assert g.sampling.temperature > 0  # Qwen's thinking-mode sampling, not greedy (see the overlay's comment)
     assert p.drafter.mask_token_id == 248070 and p.drafter.block_size == 16

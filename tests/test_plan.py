@@ -13,6 +13,7 @@ from dflash.config import load_params
 from stages import plan as plan_stage
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
+OVERLAY_TARGET_CONFIG = "params/targets/qwen3.6-27b.config.json"
 QWEN36 = "params/targets/qwen3.6-27b.config.json"
 
 
@@ -180,11 +181,11 @@ def test_decode_roofline_rises_with_batch_until_compute_binds(tmp_path):
     t = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
     hw = plan.select_gpu(plan.load_hardware("params/hardware.yaml"), "rtx-pro-6000", "hw")
     read = sizing.target_weight_bytes(t, "bf16")["read_per_step"]
-    steps = [plan.decode_step(t, hw, p.plan.generation, read, b, 2000, 1) for b in (1, 8, 64)]
+    steps = [plan.decode_step(t, hw, plan.generation_settings(p), read, b, 2000, 1) for b in (1, 8, 64)]
     assert steps[0]["tokens_per_s"] < steps[1]["tokens_per_s"] < steps[2]["tokens_per_s"]
     assert steps[0]["bound"] == "bandwidth"
     fast_memory = replace(hw, bandwidth_tbps=1e4)
-    assert plan.decode_step(t, fast_memory, p.plan.generation, read, 64, 2000, 1)["bound"] == "compute"
+    assert plan.decode_step(t, fast_memory, plan.generation_settings(p), read, 64, 2000, 1)["bound"] == "compute"
 
 
 def test_training_memory_verdict_flips(tmp_path):
@@ -337,3 +338,20 @@ def test_overlay_prints_a_full_estimate_without_a_download(tmp_path, capsys):
         assert needle in out
     summary = json.loads((tmp_path / "plan.json").read_text())["summary"]
     assert summary["train_layout"] == "split" and summary["generation_hours"] > 0
+
+
+def test_measurements_of_another_target_are_ignored_and_said_so(tmp_path, capsys):
+    """The tiny demo's pilot must never calibrate the 27B plan (and a matching pilot is used)."""
+    from dflash.sizing import target_signature
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    pilot = {"output_tokens_per_s": 400.0, "mean_output_tokens": 300.0, "target_signature": "Qwen3ForCausalLM/layers=4"}
+    (reports / "pilot.json").write_text(json.dumps(pilot))
+    result = plan.make_plan(_params(tmp_path))  # the overlay plans Qwen3.6-27B
+    assert result["inputs"]["pilot_json"] is None
+    assert "Qwen3ForCausalLM/layers=4" in next(iter(result["inputs"]["ignored"].values()))
+    assert "ignored:" in plan_report.render_markdown(result)
+    pilot["target_signature"] = target_signature(OVERLAY_TARGET_CONFIG)
+    (reports / "pilot.json").write_text(json.dumps(pilot))
+    assert plan.make_plan(_params(tmp_path))["inputs"]["pilot_json"] is not None
