@@ -384,6 +384,15 @@ def pilot_report(
     def hours(tokens: float) -> float | None:
         return round(tokens / tok_s / 3600, 4) if tok_s else None
 
+    notes = []
+    capacity = g.max_num_seqs * g.num_engines
+    if metrics["num_prompts"] < 2 * capacity:
+        notes.append(
+            f"the pilot's {metrics['num_prompts']} prompts never fill {g.num_engines} engine(s) x max_num_seqs "
+            f"{g.max_num_seqs} for long: its tok/s is a lower bound and the hours an upper bound; use "
+            f"generate.pilot_samples >= {2 * capacity} for a rate the full run will see"
+        )
+
     return {
         "target_signature": metrics["target_signature"],
         "pilot_prompts": metrics["num_prompts"],
@@ -410,8 +419,11 @@ def pilot_report(
         ],
         "estimated_total_hours": hours(total_tokens),
         "estimated_total_hours_p10_p90": [hours(means[100] * num_input_prompts), hours(means[900] * num_input_prompts)],
-        "note": "wall time assumes the full run uses the same engines and hardware as the pilot; "
-        "the plan stage rescales it to other hardware",
+        "notes": [
+            "wall time assumes the full run uses the same engines and hardware as the pilot; "
+            "the plan stage rescales it to other hardware",
+            *notes,
+        ],
         "engine_start_s": metrics["engine_start_s"],
         "generation_wall_s": metrics["generation_wall_s"],
         "sampling_max_tokens": g.sampling.max_tokens,

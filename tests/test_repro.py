@@ -280,3 +280,30 @@ def test_changed_param_reruns_only_the_stages_that_depend_on_it(tiny_repo, tmp_p
     for stage in status_expected:
         assert after[stage]["params"] != before[stage]["params"], f"{stage}: the new param value is not recorded"
     assert dvc_status(repo) == {}
+
+
+def test_pipeline_reports_hold_their_contract_keys(tiny_repo):
+    """The tiny run wrote every stage's metrics with the keys downstream tools and the README rely on."""
+    reports = tiny_repo / "reports"
+    contract = {
+        "pilot.json": ["output_tokens_per_s", "mean_output_tokens", "p90_output_tokens", "estimated_total_hours"],
+        "generate.json": [
+            "num_prompts",
+            "num_completed",
+            "num_skipped",
+            "num_failed",
+            "output_tokens",
+            "output_tokens_per_s",
+            "finish_length_frac",
+        ],
+        "tokenize.json": ["num_samples", "total_tokens", "loss_tokens", "loss_token_frac", "loss_mask_sum_mode_frac"],
+        "eval.json": ["tau", "tau_reference", "acceptance_per_position", "speedup", "num_prompts"],
+    }
+    for name, keys in contract.items():
+        data = json.loads((reports / name).read_text())
+        assert not [k for k in keys if k not in data], f"{name} lacks {[k for k in keys if k not in data]}"
+    pilot = json.loads((reports / "pilot.json").read_text())
+    assert pilot["pilot_prompts"] == 4 and pilot["estimated_total_hours"] > 0
+    assert any("lower bound" in n for n in pilot["notes"])  # 4 prompts never fill the engine: said so
+    gen = json.loads((reports / "generate.json").read_text())
+    assert gen["num_completed"] + gen["num_skipped"] + gen["num_failed"] == gen["num_prompts"]
