@@ -297,19 +297,9 @@ def write_shard(path: str | Path, samples: list[tuple[list[int], list[int], int]
         "num_loss_tokens": [int(sum(s[1])) for s in samples],
         "num_prompt_tokens": [int(s[2]) for s in samples],
     }
-    schema = pa.schema(
-        [
-            ("sample_id", pa.string()),
-            ("conversation_id", pa.string()),
-            ("turn_index", pa.int32()),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("num_tokens", pa.int32()),
-            ("num_loss_tokens", pa.int32()),
-            ("num_prompt_tokens", pa.int32()),
-        ]
-    )
-    write_arrow(path, pa.Table.from_pydict(rows, schema=schema))
+    from dflash.samples import SCHEMA  # the tokenize stage's shard contract, defined once
+
+    write_arrow(path, pa.Table.from_pydict(rows, schema=SCHEMA))
 
 
 __all__ = [

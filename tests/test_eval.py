@@ -19,19 +19,7 @@ from dflash.config import ParamsError, load_params
 from dflash.io import read_json, write_arrow
 from dflash.model import block_input_ids, block_labels, build_drafter, build_drafter_config, context_features
 from dflash.reference import greedy_decode, reference_decode, summarize
-
-SHARD_SCHEMA = pa.schema(  # the tokenize stage's shard contract
-    [
-        ("sample_id", pa.string()),
-        ("conversation_id", pa.string()),
-        ("turn_index", pa.int32()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("num_tokens", pa.int32()),
-        ("num_loss_tokens", pa.int32()),
-        ("num_prompt_tokens", pa.int32()),
-    ]
-)
+from dflash.samples import SCHEMA as SHARD_SCHEMA  # the tokenize stage's shard contract
 
 
 def write_eval_shard(path, samples):
