@@ -9,7 +9,6 @@ the parent kills whole process trees with `kill_tree`.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 from typing import Any
 
@@ -37,9 +36,10 @@ def engine_kwargs(g: GenerateParams, model: str, revision: str, seed: int, trust
     return kw
 
 
-def shutdown_engine(engine: Any, outbox: mp.Queue, code: int) -> None:
-    """Stop the engine and its processes, flush our messages, and exit without multiprocessing's exit
-    hook (which would wait forever on vLLM's engine-core children)."""
+def shutdown_engine(engine: Any, outbox: Any, code: int) -> None:
+    """Stop the engine and its processes, flush our messages (`outbox`: a multiprocessing Queue or the
+    write end of a Pipe), and exit without multiprocessing's exit hook (which would wait forever on
+    vLLM's engine-core children)."""
     import psutil
 
     with contextlib.suppress(Exception):  # already dead: the kill below cleans up
@@ -47,7 +47,8 @@ def shutdown_engine(engine: Any, outbox: mp.Queue, code: int) -> None:
     for child in psutil.Process().children(recursive=True):
         child.kill()
     outbox.close()
-    outbox.join_thread()
+    if hasattr(outbox, "join_thread"):  # a Queue: wait until its feeder thread has flushed
+        outbox.join_thread()
     os._exit(code)
 
 
@@ -63,6 +64,13 @@ def kill_tree(pid: int) -> None:
         procs = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
         return
+    kill_procs(procs)
+
+
+def kill_procs(procs: list) -> None:
+    """Kill psutil processes noted earlier (psutil checks the start time, so a reused pid is spared)."""
+    import psutil
+
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

@@ -1,18 +1,23 @@
 """Generate dispatcher: keeps `generate.num_engines` worker processes fed with work units, tracks which
 unit each worker holds, restarts a worker whose engine died and retries its units alone (so a bad unit
 cannot fail innocent ones), and shows progress bars per engine and in total (prompts, tok/s, ETA).
+
+Each worker reports on its own one-way pipe, never on a queue shared with the others: a worker that dies
+in the middle of a write (OOM kill, segfault) would otherwise leave a shared queue's lock held and
+every later worker blocked on it. A dead worker's pipe just reads EOF.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
-import queue
 import sys
 import time
+from multiprocessing.connection import wait as wait_readable
 
 from dflash.config import GenerateParams
-from dflash.engines import device_groups, kill_tree
+from dflash.engines import device_groups, kill_procs, kill_tree
 from dflash.generate import Unit
 from dflash.generate_worker import worker_main
 
@@ -35,7 +40,6 @@ def progress_bars(total: int, num_engines: int, initial: int):
 def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int, done_prompts: int) -> dict:
     """Run `units` over `g.num_engines` workers; return timing, per-engine and failure stats."""
     ctx = mp.get_context("spawn")
-    outbox = ctx.Queue()
     pending = list(units)  # front = next; suspects (retries) go to the front and run alone
     workers: dict[int, dict] = {}
     failed: list[dict] = []
@@ -54,10 +58,60 @@ def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int
 
     def spawn(i: int) -> None:
         inbox = ctx.Queue()
+        reader, writer = ctx.Pipe(duplex=False)
         # Not daemonic: vLLM starts its own engine-core processes, which daemonic processes may not.
-        proc = ctx.Process(target=worker_main, args=(i, {**cfg, "devices": devices[i]}, inbox, outbox))
+        proc = ctx.Process(target=worker_main, args=(i, {**cfg, "devices": devices[i]}, inbox, writer))
         proc.start()
-        workers[i] = {"proc": proc, "inbox": inbox, "held": {}, "ready": False, "alone": False, "closed": False}
+        writer.close()  # only the worker holds the write end: its death reads as EOF here
+        workers[i] = {
+            "proc": proc,
+            "inbox": inbox,
+            "conn": reader,
+            "eof": False,
+            "engine_procs": [],  # vLLM's engine cores, noted at start-up: killed even if the worker is gone
+            "held": {},
+            "ready": False,
+            "alone": False,
+            "closed": False,
+        }
+
+    def handle(msg: tuple) -> None:
+        nonlocal tokens, first_ready
+        kind, i = msg[0], msg[1]
+        if kind == "ready":
+            import psutil
+
+            workers[i]["ready"] = True
+            with contextlib.suppress(psutil.NoSuchProcess):
+                workers[i]["engine_procs"] = psutil.Process(workers[i]["proc"].pid).children(recursive=True)
+            stats["engine_start_s"].append(round(msg[2], 2))
+            stats["per_engine"][i]["ready_at"] = time.time()
+            first_ready = first_ready or time.time()
+        elif kind == "progress":
+            bar.update(msg[2])
+            engine_bars[i].update(msg[2])
+            tokens += msg[3]
+            stats["per_engine"][i]["prompts"] += msg[2]
+            stats["per_engine"][i]["output_tokens"] += msg[3]
+            elapsed = max(1e-9, time.time() - (first_ready or t_start))
+            bar.set_postfix_str(f"{tokens / elapsed:.0f} tok/s", refresh=False)
+        elif kind == "unit_done":
+            unit = workers[i]["held"].pop(msg[2])
+            workers[i]["alone"] = False
+            stats["per_engine"][i]["last_done"] = time.time()
+            if unit.attempts > 0:
+                log.info("unit %d succeeded on retry %d", unit.index, unit.attempts)
+        elif kind == "exit":
+            workers[i]["proc"].join(timeout=60)
+            workers[i]["conn"].close()
+            del workers[i]
+
+    def discard(w: dict) -> None:
+        kill_tree(w["proc"].pid)
+        kill_procs(w["engine_procs"])  # orphaned if the worker died before its children
+        w["conn"].close()
+        w["inbox"].cancel_join_thread()  # units queued for a dead worker are retried, not flushed
+        w["inbox"].close()
 
     def feed(i: int) -> None:
         w = workers[i]
@@ -79,43 +133,29 @@ def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int
         spawn(i)
     try:
         while workers:
-            try:
-                msg = outbox.get(timeout=1.0)
-            except queue.Empty:
-                msg = None
-            if msg is not None:
-                kind, i = msg[0], msg[1]
-                if kind == "ready":
-                    workers[i]["ready"] = True
-                    stats["engine_start_s"].append(round(msg[2], 2))
-                    stats["per_engine"][i]["ready_at"] = time.time()
-                    first_ready = first_ready or time.time()
-                elif kind == "progress":
-                    bar.update(msg[2])
-                    engine_bars[i].update(msg[2])
-                    tokens += msg[3]
-                    stats["per_engine"][i]["prompts"] += msg[2]
-                    stats["per_engine"][i]["output_tokens"] += msg[3]
-                    elapsed = max(1e-9, time.time() - (first_ready or t_start))
-                    bar.set_postfix_str(f"{tokens / elapsed:.0f} tok/s", refresh=False)
-                elif kind == "unit_done":
-                    unit = workers[i]["held"].pop(msg[2])
-                    workers[i]["alone"] = False
-                    stats["per_engine"][i]["last_done"] = time.time()
-                    if unit.attempts > 0:
-                        log.info("unit %d succeeded on retry %d", unit.index, unit.attempts)
-                elif kind == "exit":
-                    workers[i]["proc"].join(timeout=60)
-                    del workers[i]
-                    continue
+            live = {w["conn"]: i for i, w in workers.items() if not w["eof"]}
+            ready = wait_readable(list(live), timeout=1.0) if live else []
+            if not live:
+                time.sleep(1.0)  # every worker is exiting: wait for the liveness check below
+            for conn in ready:
+                i = live[conn]
+                try:
+                    while i in workers and conn.poll():
+                        handle(conn.recv())
+                except (EOFError, OSError):
+                    workers[i]["eof"] = True  # the worker is gone: the liveness check below retries its units
             # Dead workers: retry their units alone, or give up on them.
             for i, w in list(workers.items()):
-                if w["proc"].is_alive() or w["proc"].exitcode == 0:
+                if w["proc"].is_alive():
+                    continue
+                if w["proc"].exitcode == 0 and not w["held"]:  # finished, its "exit" message lost: not a failure
+                    discard(w)
+                    del workers[i]
                     continue
                 code = w["proc"].exitcode
                 held = list(w["held"].values())
                 log.warning("engine %d died (exit code %s) holding units %s", i, code, [u.index for u in held])
-                kill_tree(w["proc"].pid)
+                discard(w)
                 del workers[i]
                 if not w["ready"]:
                     start_failures += 1
@@ -140,7 +180,7 @@ def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int
                 raise RuntimeError("all generate workers exited with work pending")
     finally:
         for w in workers.values():
-            kill_tree(w["proc"].pid)
+            discard(w)
         bar.close()
         for b in engine_bars:
             b.close()

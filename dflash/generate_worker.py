@@ -15,6 +15,7 @@ import queue
 import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ class _ConvState:
     pending: tuple | None = None  # (prompt ids, prompt messages JSON, request seed) of the request in flight
 
 
-def worker_main(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue) -> None:
+def worker_main(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: Connection) -> None:
     """One engine: receive units from `inbox`, stream their turns through vLLM, commit shards."""
     try:
         _worker_loop(engine_index, cfg, inbox, outbox)
@@ -54,7 +55,7 @@ def worker_main(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue)
         os._exit(1)
 
 
-def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue) -> None:
+def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: Connection) -> None:
     devices = cfg["devices"]
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
@@ -74,7 +75,7 @@ def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue
     )
     llm = LLM(**engine_kwargs(g, cfg["model"], cfg["revision"], cfg["seed"], cfg["trust_remote_code"]))
     engine = llm.llm_engine
-    outbox.put(("ready", engine_index, time.time() - t0))
+    outbox.send(("ready", engine_index, time.time() - t0))
     think_end = tokenizer.convert_tokens_to_ids("</think>")
     think_end = think_end if isinstance(think_end, int) and think_end != tokenizer.unk_token_id else None
     s = g.sampling
@@ -114,7 +115,7 @@ def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue
 
     def record(uidx: int, r: dict) -> None:
         units[uidx]["rows"].append(r)
-        outbox.put(("progress", engine_index, 1, r["num_completion_tokens"]))
+        outbox.send(("progress", engine_index, 1, r["num_completion_tokens"]))
 
     def advance(uidx: int, state: _ConvState, skip_rest: str = "") -> None:
         """Submit the conversation's next turn, or record skips; decrement pending when it is done."""
@@ -164,7 +165,7 @@ def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue
         if crash_unit is not None and int(crash_unit) == unit.index:
             os._exit(17)  # simulated engine crash (tests only)
         units[unit.index] = {"unit": unit, "rows": [], "pending": len(unit.conversations)}
-        outbox.put(("started", engine_index, unit.index))
+        outbox.send(("started", engine_index, unit.index))
         for conv in unit.conversations:
             advance(unit.index, _ConvState(conv, generation_targets(conv["messages"])))
 
@@ -176,7 +177,7 @@ def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue
             table = pa.Table.from_pylist(rows, schema=SCHEMA)
             write_arrow(Path(cfg["run_dir"]) / u["unit"].name, table)
             done = [r for r in rows if r["status"] == "completed"]
-            outbox.put(
+            outbox.send(
                 (
                     "unit_done",
                     engine_index,
@@ -233,5 +234,5 @@ def _worker_loop(engine_index: int, cfg: dict, inbox: mp.Queue, outbox: mp.Queue
             state.k += 1
             advance(uidx, state, skip_rest="earlier_turn_truncated" if comp.finish_reason == "length" else "")
         commit_finished()
-    outbox.put(("exit", engine_index, None))
+    outbox.send(("exit", engine_index, None))
     shutdown_engine(engine, outbox, 0)
