@@ -108,13 +108,13 @@ def sample_conversations():
 
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory):
-    """A tiny Qwen3 target (real Qwen3 tokenizer) pre-trained for 60 steps: its greedy outputs already
+    """A tiny Qwen3 target (real Qwen3 tokenizer) pre-trained for 120 steps: its greedy outputs already
     follow the chat format and end with <|im_end|>, so generation, training and eval tests see realistic
-    structure. Built once per test session (~30-40 s)."""
+    structure (after 60 steps they still looped on <|im_start|>). Built once per test session (~70 s)."""
     from dflash.config import load_params
     from dflash.target import build_tiny
 
-    params = load_params(REPO / "params.yaml", ["target.tiny.steps=60", "target.tiny.corpus_size=800"])
+    params = load_params(REPO / "params.yaml", ["target.tiny.steps=120", "target.tiny.corpus_size=800"])
     out = tmp_path_factory.mktemp("tiny_target") / "target"
     build_tiny(params.target, params.base, out)
     return out
