@@ -211,7 +211,6 @@ def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict) -> dic
         "template_kwargs": template_kwargs(params.base.enable_thinking, params.base.chat_template_kwargs),
         "run_dir": str(run_dir),
         "run_hash": run_hash,
-        "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
     }
 
 
@@ -324,6 +323,7 @@ def run(params: Params, pilot: bool = False) -> dict:
     summary = summarize(run_dir, units, stats["failed_units"])
     lengths = summary.pop("output_lengths")
     metrics: dict[str, Any] = {
+        "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
         "num_prompts": total,
         **summary,
         "output_tokens_per_s": round(stats["tokens_this_session"] / stats["gen_wall_s"], 2)
