@@ -39,6 +39,7 @@ from dflash.chat import load_fast_chat, template_kwargs
 from dflash.config import AuditParams, BaseParams, GateParams
 from dflash.conversations import iter_chunks, prefetch
 from dflash.io import atomic_path, canonical_json
+from dflash.sizing import target_signature
 from dflash.turns import ROLES, Turns, flatten_turns, join_rows, turn_json
 
 log = logging.getLogger(__name__)
@@ -468,6 +469,8 @@ def run_audit(p: AuditParams, base: BaseParams) -> dict:
             if kept.num_rows:
                 writer.write_table(kept)
     metrics = state.metrics(tokenizer=str(folder) if folder else None)
+    # The pipeline's target (its tokenizer counted the prompt tokens): a plan of another target ignores this file.
+    metrics["target_signature"] = target_signature(Path(base.target_dir) / "config.json")
     metrics["gates"] = evaluate_gates(metrics, p.gates, GATE_FIXES)  # each gate compares the metric of its name
     metrics["failed_gates"] = failed_gates(metrics["gates"])
     metrics["gate_failed"] = bool(metrics["failed_gates"])

@@ -141,7 +141,7 @@ def load_target(path: Path) -> sizing.TargetArch:
 
 
 def _same_target(data: dict | None, signature: str, path: Path, ignored: dict[str, str]) -> dict | None:
-    """Measurements taken on another target (e.g. the tiny demo's pilot beside a 27B plan) are set aside."""
+    """Measurements taken on another target (e.g. the tiny demo's audit or pilot beside a 27B plan) are set aside."""
     if data is None or not signature or not data.get("target_signature") or data["target_signature"] == signature:
         return data
     ignored[str(path)] = f"measured on {data['target_signature']}, not on the planned {signature}"
@@ -150,10 +150,10 @@ def _same_target(data: dict | None, signature: str, path: Path, ignored: dict[st
 
 def dataset_inputs(plan: Any, paths: dict[str, Path], signature: str = "") -> dict[str, Any]:
     """Dataset size and lengths, each with the file or param it came from. `signature` names the planned
-    target (sizing.target_signature); pilot and tokenize metrics of another target are ignored, and said so."""
+    target (sizing.target_signature); audit, pilot and tokenize metrics of another target are ignored, and said so."""
     ds = plan.dataset
     ignored: dict[str, str] = {}
-    audit = _read_optional(paths["audit"])
+    audit = _same_target(_read_optional(paths["audit"]), signature, paths["audit"], ignored)
     tok = _same_target(_read_optional(paths["tokenize"]), signature, paths["tokenize"], ignored)
     pilot = _same_target(_read_optional(paths["pilot"]), signature, paths["pilot"], ignored)
     out: dict[str, Any] = {"audit": audit is not None, "tokenize": tok is not None, "pilot": pilot, "ignored": ignored}

@@ -355,3 +355,20 @@ def test_measurements_of_another_target_are_ignored_and_said_so(tmp_path, capsys
     pilot["target_signature"] = target_signature(OVERLAY_TARGET_CONFIG)
     (reports / "pilot.json").write_text(json.dumps(pilot))
     assert plan.make_plan(_params(tmp_path))["inputs"]["pilot_json"] is not None
+
+
+def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
+    """An audit of the 368-row sample (run with the tiny target) leaves the overlay's 902K prompts in force."""
+    from dflash.sizing import target_signature
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    audit = {"num_conversations": 364, "prompt_tokens": {"mean": 33.0}, "target_signature": "Qwen3ForCausalLM/layers=4"}
+    (reports / "audit.json").write_text(json.dumps(audit))
+    params = _params(tmp_path, f"plan.audit_json={reports / 'audit.json'}")
+    result = plan.make_plan(params)
+    assert result["dataset"]["num_prompts"] == params.plan.dataset.num_prompts == 902000
+    assert str(reports / "audit.json") in result["inputs"]["ignored"]
+    audit["target_signature"] = target_signature(OVERLAY_TARGET_CONFIG)  # an audit run with the 27B's tokenizer
+    (reports / "audit.json").write_text(json.dumps(audit))
+    assert plan.make_plan(params)["dataset"]["num_prompts"] == 364
