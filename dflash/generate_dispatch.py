@@ -117,7 +117,7 @@ def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int
         w = workers[i]
         if not w["ready"] or w["closed"]:
             return
-        while pending and len(w["held"]) < 2 and not w["alone"]:
+        while pending and len(w["held"]) < max_held and not w["alone"]:
             unit = pending[0]
             if unit.attempts > 0 and w["held"]:
                 break  # a suspect unit runs alone
@@ -129,6 +129,9 @@ def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int
             w["inbox"].put(None)
             w["closed"] = True
 
+    # Units a worker holds at once: enough queued conversations (2 x max_num_seqs) that the engine's batch
+    # stays full while a unit's last, longest requests finish and the next unit is on its way.
+    max_held = max(2, -(-2 * g.max_num_seqs // max(1, g.unit_size)) + 1)
     for i in range(g.num_engines):
         spawn(i)
     try:
@@ -186,7 +189,9 @@ def dispatch(units: list[Unit], cfg: dict, g: GenerateParams, total_prompts: int
             b.close()
     stats["failed_units"] = failed
     stats["tokens_this_session"] = tokens
-    stats["gen_wall_s"] = time.time() - (first_ready or t_start)
+    # Generation time: first engine ready -> last unit committed (engine shutdown is not generation).
+    last_done = max((e["last_done"] for e in stats["per_engine"].values() if e["last_done"]), default=None)
+    stats["gen_wall_s"] = (last_done or time.time()) - (first_ready or t_start)
     stats["wall_s"] = time.time() - t_start
     return stats
 

@@ -44,7 +44,7 @@ Speed and memory: a work chunk is up to `chunk_rows` input rows; `num_workers` p
 chunks (dflash/samples.py: rendering + batched Rust tokenization in recorded mode, numpy gathers in
 generated mode) while the main process writes shards in input order; at most 2 chunks per worker are in
 flight and a worker keeps one decompressed input batch, so memory is bounded whatever the input size.
-Output is the same for any number of workers. `benchmarks/tokenize.py` measures the rate.
+Output is the same for any number of workers. `benchmarks/tokenize_rate.py` measures the rate.
 
 Outputs under `tokenize.out`: `train/shard-*.arrow`, `eval/shard-*.arrow` (zstd Arrow IPC,
 `rows_per_shard` samples each, `dflash.samples.SCHEMA`), `manifest.json`; metrics `${base.reports_dir}/tokenize.json`

@@ -15,8 +15,8 @@ The naive baseline, on the same conversations, calls transformers' `apply_chat_t
 mask as Python lists. Goals: >= 5x the naive rate, and a per-core rate that tokenizes 1.87 B tokens in
 < 1 h on 32 cores (>= 16,233 tokens/s per core).
 
-    python benchmarks/tokenize.py                       # 1000 long + 10000 short conversations, best of 3
-    python benchmarks/tokenize.py --long-rows 4000 --short-rows 40000 --repeats 5
+    python benchmarks/tokenize_rate.py                       # 1000 long + 10000 short conversations, best of 3
+    python benchmarks/tokenize_rate.py --long-rows 4000 --short-rows 40000 --repeats 5
 """
 
 from __future__ import annotations
