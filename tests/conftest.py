@@ -89,6 +89,59 @@ def write_conversations(path, conversations, tools=None):
     return [r["conversation_id"] for r in rows]
 
 
+def small_qwen3_config(layers: int = 6, hidden: int = 64, vocab: int = 512, **extra):
+    """A small random Qwen3 geometry (2 x 32 heads, 1 KV head, FFN 128) for model, train and eval tests."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        **extra,
+    )
+
+
+def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3):
+    """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
+    completion position is an anchor; the softmax runs over the label tokens only (enough to memorise),
+    and the lowest full-vocabulary hit rate is returned so a test can check the drafter really learned them."""
+    import torch
+
+    from dflash.model import block_input_ids, block_labels, build_drafter, context_features
+
+    torch.manual_seed(0)
+    model = build_drafter(cfg)
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    batches = []
+    with torch.no_grad():
+        for ids, n_prompt in sequences:
+            hidden = target(ids[None], output_hidden_states=True).hidden_states
+            feats = context_features(hidden, cfg.target_layer_ids)[0]
+            mask = torch.arange(len(ids)) >= n_prompt
+            anchors = torch.arange(n_prompt - 1, len(ids) - 1)
+            labels, valid = block_labels(ids, mask, anchors, cfg.block_size)
+            blocks = embed(block_input_ids(ids, anchors, cfg.block_size, cfg.mask_token_id))
+            batches.append((feats, blocks, anchors, labels[valid], valid))
+    vocab = torch.unique(torch.cat([b[3] for b in batches]))
+    index = torch.full((head.weight.shape[0],), -1, dtype=torch.long)
+    index[vocab] = torch.arange(len(vocab))
+    rows = head.weight.detach()[vocab]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = sum(torch.nn.functional.cross_entropy(model(f, e, a)[v] @ rows.T, index[y]) for f, e, a, y, v in batches)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        hits = [(head(model(f, e, a)[v]).argmax(-1) == y).float().mean().item() for f, e, a, y, v in batches]
+    return model, min(hits)
+
+
 @pytest.fixture(scope="session")
 def sample_conversations():
     """The bundled sample's well-formed messages-format conversations (no audit needed)."""

@@ -13,11 +13,12 @@ import random
 import pyarrow as pa
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from conftest import overfit_drafter, small_qwen3_config
+from transformers import Qwen3ForCausalLM
 
 from dflash.config import ParamsError, load_params
 from dflash.io import read_json, write_arrow
-from dflash.model import block_input_ids, block_labels, build_drafter, build_drafter_config, context_features
+from dflash.model import build_drafter_config
 from dflash.reference import greedy_decode, reference_decode, summarize
 from dflash.samples import SCHEMA as SHARD_SCHEMA  # the tokenize stage's shard contract
 
@@ -42,39 +43,6 @@ def write_eval_shard(path, samples):
     write_arrow(path, pa.Table.from_pylist(rows, schema=SHARD_SCHEMA))
 
 
-def overfit_drafter(cfg, target, sequences, steps, lr=3e-3):
-    """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
-    completion position is an anchor; the softmax runs over the label tokens only (enough to memorise),
-    and the full-vocabulary hit rate is returned so a test can check the drafter really learned them."""
-    torch.manual_seed(0)
-    model = build_drafter(cfg)
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
-    batches = []
-    with torch.no_grad():
-        for ids, n_prompt in sequences:
-            hidden = target(ids[None], output_hidden_states=True).hidden_states
-            feats = context_features(hidden, cfg.target_layer_ids)[0]
-            mask = torch.arange(len(ids)) >= n_prompt
-            anchors = torch.arange(n_prompt - 1, len(ids) - 1)
-            labels, valid = block_labels(ids, mask, anchors, cfg.block_size)
-            blocks = embed(block_input_ids(ids, anchors, cfg.block_size, cfg.mask_token_id))
-            batches.append((feats, blocks, anchors, labels[valid], valid))
-    vocab = torch.unique(torch.cat([b[3] for b in batches]))
-    index = torch.full((head.weight.shape[0],), -1, dtype=torch.long)
-    index[vocab] = torch.arange(len(vocab))
-    rows = head.weight.detach()[vocab]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = sum(torch.nn.functional.cross_entropy(model(f, e, a)[v] @ rows.T, index[y]) for f, e, a, y, v in batches)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        hits = [(head(model(f, e, a)[v]).argmax(-1) == y).float().mean().item() for f, e, a, y, v in batches]
-    return model, min(hits)
-
-
 # ------------------------------------------------------------------------------ reference evaluator (fast)
 
 
@@ -82,15 +50,7 @@ def overfit_drafter(cfg, target, sequences, steps, lr=3e-3):
 def small(repo_root):
     """A random small Qwen3 target (vocab 512) and a 2-layer drafter over-fitted on its greedy outputs."""
     torch.manual_seed(0)
-    tc = Qwen3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
+    tc = small_qwen3_config(layers=4)
     target = Qwen3ForCausalLM(tc).eval()
     params = load_params(repo_root / "params.yaml")
     dp = dataclasses.replace(

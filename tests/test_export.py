@@ -8,14 +8,13 @@ import json
 
 import pytest
 import torch
+from conftest import overfit_drafter
 from transformers import Qwen3Config
 
 from dflash.config import load_params
 from dflash.export import load_drafter, save_drafter
 from dflash.model import (
     DraftSession,
-    block_input_ids,
-    block_labels,
     build_drafter,
     build_drafter_config,
     context_features,
@@ -146,43 +145,6 @@ PROMPTS = ["Hello there, how are you?", "What is 2 + 2?", "Name three colours."]
 MAX_TOKENS = 32
 
 
-def _overfit_drafter(cfg, target, sequences, steps=300):
-    """Train on the exact sequences to serve (a test fixture, not the training recipe). The softmax runs
-    over the tokens that occur (exact for memorisation; the full-vocabulary argmax is checked after)."""
-    torch.manual_seed(0)
-    model = build_drafter(cfg)
-    embed, head = target.model.embed_tokens, target.lm_head
-    rows = []
-    with torch.no_grad():
-        for ids, n_prompt in sequences:
-            feats = context_features(target(ids[None], output_hidden_states=True).hidden_states, cfg.target_layer_ids)[
-                0
-            ]
-            loss_mask = torch.zeros(len(ids), dtype=torch.bool)
-            loss_mask[n_prompt:] = True
-            anchors = torch.arange(n_prompt - 1, len(ids) - 1)
-            labels, valid = block_labels(ids, loss_mask, anchors, cfg.block_size)
-            rows.append(
-                (feats, embed(block_input_ids(ids, anchors, cfg.block_size, cfg.mask_token_id)), anchors, labels, valid)
-            )
-    vocab = torch.unique(torch.cat([r[3][r[4]] for r in rows]))
-    remap = torch.full((head.weight.shape[0],), -1, dtype=torch.long)
-    remap[vocab] = torch.arange(len(vocab))
-    rows_w = head.weight.detach()[vocab]
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(steps):
-        loss = sum(
-            torch.nn.functional.cross_entropy(model(f, e, a)[v] @ rows_w.T, remap[lab[v]]) for f, e, a, lab, v in rows
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    with torch.no_grad():
-        hits = [(head(model(f, e, a)[v]).argmax(-1) == lab[v]).float().mean().item() for f, e, a, lab, v in rows]
-    return model, min(hits)
-
-
 def _reference_acceptance(model, target, prompt_ids, max_tokens):
     """DESIGN.md section 6 with the HF target (full recompute per cycle): tokens, drafts, accepted per slot."""
     cfg = model.config
@@ -236,7 +198,7 @@ def served(tmp_path_factory, repo_root):
             for _ in range(MAX_TOKENS + cfg.block_size):
                 seq = torch.cat([seq, target(seq[None]).logits[0, -1].argmax().view(1)])
             sequences.append((seq, len(ids)))
-    model, train_hits = _overfit_drafter(cfg, target, sequences)
+    model, train_hits = overfit_drafter(cfg, target, sequences, steps=300)
     save_drafter(model, cfg, drafter_dir)
     reference = [_reference_acceptance(model, target, p, MAX_TOKENS) for p in prompts]
     hf_greedy = [seq[n : n + MAX_TOKENS].tolist() for seq, n in sequences]

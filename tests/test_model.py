@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import small_qwen3_config
 from transformers import Qwen3Config
 
 from dflash.config import load_params
@@ -33,15 +34,7 @@ def params(repo_root):
 
 
 def small_target(layers: int = 6, hidden: int = 64) -> Qwen3Config:
-    return Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
+    return small_qwen3_config(layers, hidden, VOCAB)
 
 
 def drafter_params(params, **changes):

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import small_qwen3_config
 
 from dflash import checkpoint
 from dflash.config import load_params
@@ -59,20 +60,10 @@ def one_thread():
 
 
 def _save_target(folder: Path) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
+    cfg = small_qwen3_config(4, vocab=VOCAB, max_position_embeddings=512, tie_word_embeddings=False)
     model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 0.3)  # a trained head's scale: confident logits are reachable
