@@ -63,9 +63,9 @@ image:
 image-pin:
 	python3 docker/base_image.py pin $(TAG)
 
-# dvc repro reads only params.yaml: write the GPU overlay into it (dflash.overlay keeps comments), then repro.
+# dvc repro reads only params.yaml: write the GPU overlay into it (dflash.core.overlay keeps comments), then repro.
 repro-gpu:
-	docker/run.sh $(IMAGE) bash -c 'python -m dflash.overlay $(GPU_OVERLAY) && dvc repro $(ARGS)'
+	docker/run.sh $(IMAGE) bash -c 'python -m dflash.core.overlay $(GPU_OVERLAY) && dvc repro $(ARGS)'
 
 gpu-shell:
 	docker/run.sh $(IMAGE) bash

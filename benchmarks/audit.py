@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
-from dflash.config import load_params  # noqa: E402
-from dflash.io import write_arrow  # noqa: E402
-from dflash.synthetic import PLACEHOLDERS, conversation  # noqa: E402
+from dflash.core.io import write_arrow  # noqa: E402
+from dflash.core.params import load_params  # noqa: E402
+from dflash.target.synthetic import PLACEHOLDERS, conversation  # noqa: E402
 
 ROLES = {"system", "user", "assistant", "tool"}
 
@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--token-rows", type=int, default=20_000, help="rows for the token path (default 20K)")
     args = parser.parse_args()
 
-    from dflash.audit import run_audit
+    from dflash.audit.run import run_audit
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "synthetic.jsonl"

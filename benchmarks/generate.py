@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 
 def _conversations(n: int, seed: int) -> list[list[dict]]:
-    from dflash.synthetic import conversation
+    from dflash.target.synthetic import conversation
 
     rng = random.Random(seed)
     return [[m for m in conversation(rng) if m["role"] != "assistant"] for _ in range(n)]
@@ -37,7 +37,7 @@ def _conversations(n: int, seed: int) -> list[list[dict]]:
 def _write(path: Path, convs: list[list[dict]]) -> None:
     import pyarrow as pa
 
-    from dflash.io import canonical_json, sha256_text, write_arrow
+    from dflash.core.io import canonical_json, sha256_text, write_arrow
 
     rows = []
     for i, messages in enumerate(convs):
@@ -50,7 +50,7 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from dflash.engines import engine_kwargs
+    from dflash.generate.engines import engine_kwargs
 
     g = params.generate
     llm = LLM(**engine_kwargs(g, target, "", params.base.seed, False))
@@ -61,7 +61,7 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     dt = time.time() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     queue.put((tokens, dt))
-    from dflash.engines import shutdown_engine
+    from dflash.core.processes import shutdown_engine
 
     shutdown_engine(llm.llm_engine, queue, 0)  # stops vLLM's engine-core processes too
 
@@ -74,9 +74,9 @@ def main() -> None:
     parser.add_argument("--unit-size", type=int, default=64)
     args = parser.parse_args()
 
-    from dflash.chat import render_ids, template_kwargs
-    from dflash.config import load_params
-    from dflash.target import load_tokenizer
+    from dflash.core.chat import render_ids, template_kwargs
+    from dflash.core.hf import load_tokenizer
+    from dflash.core.loader import load_params
 
     overrides = [
         f"base.target_dir={args.target}",

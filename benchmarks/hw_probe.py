@@ -1,6 +1,6 @@
 """Measure one GPU's dense BF16 matmul rate and HBM bandwidth, to check a `params/hardware.yaml` profile.
 
-The planner (dflash/plan.py) multiplies vendor peaks by efficiency params; this probe gives the
+The planner (dflash/plan/) multiplies vendor peaks by efficiency params; this probe gives the
 measured numbers to put next to them in a profile's `source`. Needs torch with CUDA; prints JSON.
 
     python benchmarks/hw_probe.py [--size 8192] [--mem-gb 4]

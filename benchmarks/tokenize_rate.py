@@ -5,7 +5,7 @@ template, tokenize, check the boundary, build input_ids / loss_mask, write zstd 
 where the work is. In the generated source the ids already exist (prompt_ids + completion_ids from vLLM),
 so it only gathers lists; its rate is printed too, from the same samples written as fake generate shards.
 
-Data: N synthetic conversations (dflash.synthetic task text, 80% one turn / 20% two, 20% with a system
+Data: N synthetic conversations (dflash.target.synthetic task text, 80% one turn / 20% two, 20% with a system
 prompt) whose assistant turns carry long reasoning (~300-2500 tokens, thinking-mode-like) and an answer.
 The stage runs `dflash.tokenize.run` with num_workers=1 and TOKENIZERS_PARALLELISM=false (one core).
 Rates are tokens per CPU second of this process (time.process_time), so that other jobs on a shared
@@ -38,9 +38,9 @@ from pathlib import Path  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 
-from dflash.config import load_params  # noqa: E402
-from dflash.io import list_shards, read_arrow, write_arrow, write_json  # noqa: E402
-from dflash.synthetic import SYSTEMS, _task  # noqa: E402
+from dflash.core.io import list_shards, read_arrow, write_arrow, write_json  # noqa: E402
+from dflash.core.params import load_params  # noqa: E402
+from dflash.target.synthetic import SYSTEMS, _task  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_TOKENS = 1.87e9
@@ -133,9 +133,10 @@ def generate_shards(tokenized: Path, out: Path, schema: pa.Schema) -> None:
 def measure(rows: int, seed: int, long: bool, repeats: int) -> dict:
     """Stage (recorded), naive and stage (generated) on the same conversations, interleaved `repeats`
     times; the best CPU time of each counts (a shared machine only ever makes a run slower)."""
-    from dflash import tokenize
-    from dflash.generate import SCHEMA as GENERATE_SCHEMA
-    from dflash.target import load_tokenizer, qwen3_tokenizer_dir
+    from dflash.core.contracts import GENERATED_SCHEMA as GENERATE_SCHEMA
+    from dflash.core.hf import load_tokenizer
+    from dflash.target.build import qwen3_tokenizer_dir
+    from dflash.tokenize import stage as tokenize
 
     conversations = synth(rows, seed, long)
     tokenizer = load_tokenizer(qwen3_tokenizer_dir())

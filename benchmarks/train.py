@@ -1,8 +1,8 @@
 """Training benchmarks: packing efficiency, flex BlockMask vs dense SDPA mask, drafter tokens/s.
 
-1. Packing: real tokens / row capacity of the packer (dflash.data.pack_best_fit over windows of
+1. Packing: real tokens / row capacity of the packer (dflash.train.data.pack_best_fit over windows of
    train.pack_window documents) on demo-like lengths (prompt ~30 + completion 50-100 tokens: 50-130 in all)
-   and on the seeds' scale (~2,070-token samples, 4096-token rows). Goal on demo-like data: >= 95%.
+   and at the 27B regeneration case's scale (~2,070-token samples, 4096-token rows). Goal on demo-like data: >= 95%.
 2. Attention: one packed row of --seq context tokens (one document) with --anchors sorted random anchors, the
    drafter geometry of a params file (+ overlay). Times mask construction, the drafter forward and (with
    --backward, the default on CUDA) a full training step: forward, chunked decayed CE through a random lm_head
@@ -31,11 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dflash.config import load_params  # noqa: E402
-from dflash.data import pack_best_fit  # noqa: E402
-from dflash.loss import LMHead, decayed_ce, slot_weights  # noqa: E402
-from dflash.masks import build_masks  # noqa: E402
-from dflash.model import block_input_ids, block_labels, build_drafter, build_drafter_config  # noqa: E402
+from dflash.core.params import load_params  # noqa: E402
+from dflash.drafter.masks import build_masks  # noqa: E402
+from dflash.drafter.model import block_input_ids, block_labels, build_drafter, build_drafter_config  # noqa: E402
+from dflash.train.data import pack_best_fit  # noqa: E402
+from dflash.train.loss import LMHead, decayed_ce, slot_weights  # noqa: E402
 
 
 def packing(window: int) -> None:
@@ -43,12 +43,12 @@ def packing(window: int) -> None:
     cases = {
         "demo-like 50-130": rng.integers(50, 131, 4000),
         "demo-like 400 docs": rng.integers(50, 131, 400),
-        "seeds ~2070 (lognormal)": np.clip(rng.lognormal(np.log(1700), 0.6, 4000).astype(int), 16, 4096),
+        "27B case ~2070 (lognormal)": np.clip(rng.lognormal(np.log(1700), 0.6, 4000).astype(int), 16, 4096),
     }
     print(f"\n== packing efficiency (best-fit decreasing over windows of {window} documents)")
     print(f"{'lengths':<26}{'row capacity':>14}{'rows':>8}{'efficiency':>12}")
     for name, lengths in cases.items():
-        caps = (4096, 8192) if "seeds" in name else (256, 512, 1024, 2048)
+        caps = (4096, 8192) if "27B case" in name else (256, 512, 1024, 2048)
         for cap in caps:
             rows = 0
             for s in range(0, len(lengths), window):

@@ -10,16 +10,13 @@ Each engine configuration in `eval.engines` starts its own vLLM engine (~30 s ea
     python -m stages.eval -S eval.engines='[dflash, none]' -S eval.reference=false   (fewer engines)
 """
 
-from dflash import cli
+from dflash.core import cli
 
 
 def main(params):
-    from dflash import evaluate
+    from dflash.eval.stage import run
 
-    try:
-        report = evaluate.run(params).report
-    except (ValueError, FileNotFoundError) as exc:
-        raise cli.StageError(f"eval: {exc}") from exc
+    report = run(params).report
     keys = ("tau", "tau_reference", "tau_untrained", "tau_ngram", "speedup", "greedy_identical_frac", "num_prompts")
     print({k: report[k] for k in keys})
     print(f"report: {params.base.reports_dir}/eval.md")

@@ -9,7 +9,8 @@ extrapolated full-run tokens and hours). Resumable: re-running skips committed u
     python -m stages.generate --params params.yaml --pilot
 """
 
-from dflash import cli
+from dflash.core import cli
+from dflash.core.errors import UserError
 
 
 def add_args(parser):
@@ -19,7 +20,7 @@ def add_args(parser):
 
 
 def main(params, args):
-    from dflash import generate
+    from dflash.generate import stage as generate
 
     metrics = generate.run(params, pilot=args.pilot)
     keys = ("num_prompts", "num_completed", "num_skipped", "num_failed", "output_tokens_per_s", "mean_output_tokens")
@@ -29,7 +30,7 @@ def main(params, args):
     )
     failed = metrics.get("units_failed") or []
     if failed:
-        raise cli.StageError(
+        raise UserError(
             f"generate: {len(failed)} work unit(s) failed after retries ({metrics['num_failed']} prompts): "
             + ", ".join(f"{f['name']} (exit code {f['exit_code']}, {f['attempts']} attempts)" for f in failed)
             + ". Completed units are kept; fix the cause and re-run to finish them."

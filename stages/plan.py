@@ -3,7 +3,8 @@
 Inputs: params `plan`, `drafter`, `base`; the target's config.json (`plan.target_config`, default
 `${base.target_dir}/config.json`); the GPU profiles file (`plan.hardware_file`); and, when they exist,
 the audit / tokenize / pilot metrics. No torch, no model download.
-Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (metrics),
+Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (headline metrics),
+`plan_details.json` (everything),
 `plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots).
 
     python -m stages.plan --params params.yaml
@@ -12,21 +13,20 @@ Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.js
 
 from pathlib import Path
 
-from dflash import cli
+from dflash.core import cli
 
 
 def main(params):
-    from dflash import plan, plan_report
-    from dflash.io import atomic_write, write_json
+    from dflash.core.io import atomic_write, write_json
+    from dflash.plan import report as plan_report
+    from dflash.plan.estimate import make_plan
 
-    try:
-        result = plan.make_plan(params)
-    except ValueError as exc:  # a missing input or an impossible setting: say which param
-        raise cli.StageError(str(exc)) from None
+    result = make_plan(params)
     out = Path(params.base.reports_dir)
     text = plan_report.render_markdown(result)
     atomic_write(out / "plan.md", text)
-    write_json(out / "plan.json", result)
+    write_json(out / "plan.json", result["summary"])  # the DVC metrics: the headline numbers
+    write_json(out / "plan_details.json", result)
     atomic_write(out / "plan_generation_scaling.csv", plan_report.scaling_csv(result, "generation_hours"))
     atomic_write(out / "plan_train_scaling.csv", plan_report.scaling_csv(result, "train_hours"))
     print(text)

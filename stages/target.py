@@ -8,12 +8,12 @@ real Qwen3 tokenizer + target.json; real: target.json + config.json), metrics `r
 
 from pathlib import Path
 
-from dflash import cli
-from dflash.io import write_json
+from dflash.core import cli
+from dflash.core.io import write_json
 
 
 def main(params):
-    from dflash import target
+    from dflash.target import build as target
 
     if params.target.source == "tiny":
         metrics = target.build_tiny(params.target, params.base, params.base.target_dir)

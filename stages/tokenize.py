@@ -12,17 +12,15 @@ exits non-zero AFTER everything is written.
     python -m stages.tokenize --params params.yaml -S tokenize.source=recorded
 """
 
-from dflash import cli
+from dflash.core import cli
+from dflash.core.errors import UserError
 
 
 def main(params):
-    from dflash import tokenize
-    from dflash.audit import gate_failure_message
+    from dflash.core.gates import gate_failure_message
+    from dflash.tokenize.stage import run
 
-    try:
-        m = tokenize.run(params)
-    except (ValueError, FileNotFoundError) as exc:  # bad input / params: the message names file, row and key
-        raise cli.StageError(str(exc)) from None
+    m = run(params)
     dropped = ", ".join(f"{k} {v}" for k, v in m["dropped_by_reason"].items() if v) or "none"
     print(
         f"tokenize ({m['source']}): {m['num_input']} input samples -> {m['num_samples']} kept "
@@ -33,13 +31,13 @@ def main(params):
     )
     message = gate_failure_message(m["gates"], "tokenize.gates")
     if message:
-        raise cli.StageError(
+        raise UserError(
             f"{message}\nEverything was written under {params.tokenize.out} and {params.base.reports_dir}/."
         )
     if m["train_samples"] == 0:
-        raise cli.StageError(
+        raise UserError(
             f"tokenize: no training samples left ({m['num_input']} input, dropped {m['dropped_by_reason']}, "
-            f"{m['eval_samples']} held out); see {params.base.reports_dir}/tokenize.json"
+            f"{m['eval_samples']} held out); see {params.base.reports_dir}/tokenize_details.json"
         )
 
 

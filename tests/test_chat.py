@@ -1,4 +1,4 @@
-"""dflash.chat's fast renderer (jinja2 + tokenizers, no transformers) equals apply_chat_template exactly."""
+"""dflash.core.chat's fast renderer (jinja2 + tokenizers, no transformers) equals apply_chat_template exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dflash.chat import load_fast_chat, render_ids, render_text, template_kwargs
+from dflash.core.chat import load_fast_chat, render_ids, render_text, template_kwargs
+from dflash.core.errors import UserError
 
 TOOLS = [
     {
@@ -39,7 +40,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def fast():
-    from dflash.target import qwen3_tokenizer_dir
+    from dflash.target.build import qwen3_tokenizer_dir
 
     return load_fast_chat(qwen3_tokenizer_dir())
 
@@ -60,7 +61,7 @@ def test_fast_render_equals_transformers(fast, qwen_tokenizer, thinking, index):
 
 
 def test_missing_tokenizer_file_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="tokenizer.json missing"):
+    with pytest.raises(UserError, match="tokenizer.json missing"):
         load_fast_chat(tmp_path)
 
 
@@ -69,7 +70,7 @@ def test_sandbox_verdict_cache_still_refuses_unsafe_attributes():
     refuse exactly what the first refused."""
     from jinja2.exceptions import SecurityError
 
-    from dflash.chat import compile_chat_template
+    from dflash.core.chat import compile_chat_template
 
     for _ in range(2):
         with pytest.raises(SecurityError, match="append"):

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import re
 import textwrap
+import typing
+from pathlib import Path
 
 import pytest
 import yaml
 
-from dflash.config import ParamsError, load_params, read_yaml
+from dflash.core.errors import ParamsError
+from dflash.core.loader import load_params, read_yaml
+from dflash.core.params import Params
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -144,3 +153,76 @@ def test_stage_cli_reports_params_error_and_exit_code(repo_root):
     assert out.returncode == 2
     assert "unknown key 'target.tiny.stepz'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+FLOW = object()
+
+
+def _inline_comment(text: str) -> str | None:
+    """The `# comment` at the end of a YAML or Python line, outside quotes; None when there is none."""
+    quote = None
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return text[i + 1 :].strip()
+    return None
+
+
+def _yaml_comments(path: Path) -> dict[str, str | None]:
+    """dotted key path -> its inline comment, for every `key: ...` line of a block-style YAML file (the keys of
+    a flow mapping such as `{max: 0.05, action: fail}` share their line's comment)."""
+    out, stack = {}, []
+    for line in path.read_text().splitlines():
+        m = re.match(r"^( *)([A-Za-z_]\w*):(.*)$", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m.group(2)))
+        key, comment = ".".join(k for _, k in stack), _inline_comment(m.group(3))
+        out[key] = comment
+        flow = re.match(r"^\s*\{(.*)\}", m.group(3))
+        for inner in re.findall(r"(\w+):", flow.group(1)) if flow else []:
+            out[f"{key}.{inner}"] = FLOW  # inside a one-line mapping: no comment of its own
+    return out
+
+
+def _field_comments() -> dict[str, dict[str, str | None]]:
+    """dataclass name -> field -> the comment on its line in dflash/core/params.py."""
+    path = REPO / "dflash/core/params.py"
+    lines = path.read_text().splitlines()
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            out[node.name] = {
+                f.target.id: _inline_comment(lines[f.lineno - 1].split(":", 1)[1])
+                for f in node.body
+                if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+            }
+    return out
+
+
+def test_params_yaml_comments_equal_the_dataclass_comments():
+    """Each knob is documented once in the dataclass and once in params.yaml, in the same words."""
+    comments, fields = _yaml_comments(REPO / "params.yaml"), _field_comments()
+    checked = 0
+
+    def walk(cls: type, prefix: str) -> None:
+        nonlocal checked
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            assert key in comments, f"params.yaml: {key} has no line of its own"
+            want = fields[cls.__name__][f.name]
+            if want is not None and comments[key] is not FLOW:
+                assert comments[key] == want, f"params.yaml: {key}: comment {comments[key]!r} != dataclass {want!r}"
+                checked += 1
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], f"{key}.")
+
+    walk(Params, "")
+    assert checked > 150, f"only {checked} comments compared"

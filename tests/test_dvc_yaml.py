@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from dflash.config import load_params
+from dflash.core.loader import load_params
 
 
 def _lookup(data: dict, dotted: str):

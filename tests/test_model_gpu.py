@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from dflash.config import load_params
-from dflash.masks import build_masks
-from dflash.model import build_drafter, build_drafter_config
+from dflash.core.loader import load_params
+from dflash.drafter.geometry import build_drafter_config
+from dflash.drafter.masks import build_masks
+from dflash.drafter.model import build_drafter
 
 pytestmark = pytest.mark.gpu
 

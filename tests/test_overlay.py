@@ -1,4 +1,4 @@
-"""dflash.overlay writes a params overlay into params.yaml (what `make repro-gpu` does before `dvc repro`),
+"""dflash.core.overlay writes a params overlay into params.yaml (what `make repro-gpu` does before `dvc repro`),
 and the shipped GPU overlay describes the real job consistently."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash.config import ParamsError, load_params
-from dflash.overlay import apply_overlay, apply_overlay_text, main
+from dflash.core.errors import ParamsError
+from dflash.core.loader import load_params
+from dflash.core.overlay import apply_overlay, apply_overlay_text, main
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
 
@@ -95,7 +96,7 @@ def test_gpu_overlay_describes_one_bf16_engine_per_gpu_in_thinking_mode(repo_roo
     assert g.max_num_seqs == 8  # vLLM recipe, BF16 Qwen3.6-27B on one RTX PRO 6000
     assert not g.enforce_eager and 0.85 <= g.gpu_memory_utilization <= 0.95
     # the plan estimates the run that generate will do: it reads these engine settings from `generate`
-    from dflash.plan import generation_settings
+    from dflash.plan.estimate import generation_settings
 
     gs = generation_settings(p)
     assert (gs.max_model_len, gs.max_num_seqs, gs.tensor_parallel_size) == (g.max_model_len, g.max_num_seqs, 1)

@@ -1,4 +1,4 @@
-"""Plan stage: the seeds' arithmetic, counts checked against transformers, verdicts that flip, clear errors."""
+"""Plan stage: the 27B regeneration case's arithmetic, counts checked against transformers, verdicts that flip, clear errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from dflash import cli, plan, plan_report, sizing
-from dflash.config import load_params
+from dflash.core import cli, target_config
+from dflash.core.errors import UserError
+from dflash.core.loader import load_params
+from dflash.drafter import geometry
+from dflash.plan import estimate as plan
+from dflash.plan import generation as plan_generation
+from dflash.plan import inputs as plan_inputs
+from dflash.plan import report as plan_report
+from dflash.plan import sizing
 from stages import plan as plan_stage
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
@@ -51,25 +58,25 @@ def _hardware_file(tmp_path: Path, **changes) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The seeds' own arithmetic, from their inputs
+# The 27B regeneration case's own arithmetic, from its inputs
 # ---------------------------------------------------------------------------------------------
 
 
 def test_seed_batch1_decode_bound():
     # 54 GB of BF16 weights at 1.35 TB/s -> ~25 tok/s at batch 1
-    assert plan.batch1_tokens_per_s(54e9, 1.35e12) == pytest.approx(25.0, abs=0.05)
+    assert plan_generation.batch1_tokens_per_s(54e9, 1.35e12) == pytest.approx(25.0, abs=0.05)
 
 
 def test_seed_generation_wall_time():
     # 1.37 B output tokens at 3000 tok/s -> ~457K s (5.3 days)
-    seconds = plan.wall_seconds(1.37e9, 3000)
+    seconds = plan_generation.wall_seconds(1.37e9, 3000)
     assert seconds == pytest.approx(457e3, rel=0.002)
     assert 5.2 < seconds / 86400 < 5.4
 
 
 def test_seed_headroom_and_the_real_config(tmp_path):
-    assert plan.headroom_bytes(96e9, 54e9) == pytest.approx(42e9)
-    # the shipped Qwen3.6-27B config gives the seeds' 54 GB and 42 GB on the 96 GB card
+    assert plan_generation.headroom_bytes(96e9, 54e9) == pytest.approx(42e9)
+    # the shipped Qwen3.6-27B config gives the case's 54 GB and 42 GB on the 96 GB card
     result = plan.make_plan(_params(tmp_path))
     assert result["generation"]["weights_gb"] == pytest.approx(54.0, abs=0.3)
     assert result["generation"]["memory"]["headroom_gb_full_card"] == pytest.approx(42.0, abs=0.3)
@@ -104,7 +111,7 @@ def test_target_counts_match_transformers():
     with torch.device("meta"):
         model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**raw))
     ref = _meta_counts(model)
-    ours = sizing.target_params(sizing.parse_target_config(raw, QWEN36))
+    ours = sizing.target_params(target_config.parse_target_config(raw, QWEN36))
     assert ours["decoder"] == ref["decoder"]
     assert ours["embed_tokens"] == ref["embed"]
     assert ours["lm_head"] == ref["lm_head"]
@@ -117,13 +124,13 @@ def test_tiny_target_counts_match_transformers():
     torch = pytest.importorskip("torch")
     from transformers import Qwen3ForCausalLM
 
-    from dflash.target import tiny_config
+    from dflash.target.build import tiny_config
 
     p = load_params("params.yaml")
     cfg = tiny_config(p.target)
     with torch.device("meta"):
         ref = _meta_counts(Qwen3ForCausalLM(cfg))
-    ours = sizing.target_params(sizing.parse_target_config(cfg.to_dict(), "tiny"))
+    ours = sizing.target_params(target_config.parse_target_config(cfg.to_dict(), "tiny"))
     assert (ours["decoder"], ours["embed_tokens"], ours["lm_head"]) == (ref["decoder"], ref["embed"], ref["lm_head"])
 
 
@@ -145,8 +152,8 @@ def test_drafter_count_matches_qwen3_layers(tmp_path):
     with torch.device("meta"):
         layer = sum(x.numel() for x in Qwen3DecoderLayer(cfg, 0).parameters())
     expected = d.num_hidden_layers * layer + len(d.target_layer_ids) * 5120 * 5120 + 2 * 5120  # + fc, hidden_norm, norm
-    target = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
-    assert sizing.drafter_params(sizing.drafter_arch(d, target))["total"] == expected
+    target = target_config.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
+    assert geometry.parameter_counts(geometry.build_drafter_config(d, target))["total"] == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,20 +163,20 @@ def test_drafter_count_matches_qwen3_layers(tmp_path):
 
 def test_hybrid_cache_grows_with_attention_layers_only():
     raw = json.loads(Path(QWEN36).read_text())
-    t = sizing.parse_target_config(raw, QWEN36)
+    t = target_config.parse_target_config(raw, QWEN36)
     assert (t.n_linear, t.n_attention) == (48, 16)
     kv = sizing.kv_bytes_per_token(t, "bf16")
     assert kv * 2000 == pytest.approx(2 * kv * 1000)  # KV grows linearly with length
     assert sizing.linear_state_bytes(t, "bf16") > 0  # GDN state: constant per sequence
     assert sizing.linear_state_bytes(t, "fp32") > sizing.linear_state_bytes(t, "bf16")
     assert sizing.kv_bytes_per_token(t, "fp8") == kv / 2
-    dense = sizing.parse_target_config({**raw["text_config"], "layer_types": ["full_attention"] * 64}, "dense")
+    dense = target_config.parse_target_config({**raw["text_config"], "layer_types": ["full_attention"] * 64}, "dense")
     assert sizing.linear_state_bytes(dense, "bf16") == 0
     assert sizing.kv_bytes_per_token(dense, "bf16") == 4 * kv  # 64 attention layers instead of 16
 
 
 def test_fp8_shrinks_matmul_weights_only():
-    t = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
+    t = target_config.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
     bf16, fp8 = sizing.target_weight_bytes(t, "bf16"), sizing.target_weight_bytes(t, "fp8")
     p = sizing.target_params(t)
     assert bf16["loaded"] - fp8["loaded"] == p["decoder_linear"]  # one byte saved per matmul weight
@@ -178,14 +185,17 @@ def test_fp8_shrinks_matmul_weights_only():
 
 def test_decode_roofline_rises_with_batch_until_compute_binds(tmp_path):
     p = _params(tmp_path)
-    t = sizing.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
-    hw = plan.select_gpu(plan.load_hardware("params/hardware.yaml"), "rtx-pro-6000", "hw")
+    t = target_config.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
+    hw = plan_inputs.select_gpu(plan_inputs.load_hardware("params/hardware.yaml"), "rtx-pro-6000", "hw")
     read = sizing.target_weight_bytes(t, "bf16")["read_per_step"]
-    steps = [plan.decode_step(t, hw, plan.generation_settings(p), read, b, 2000, 1) for b in (1, 8, 64)]
+    steps = [plan_generation.decode_step(t, hw, plan.generation_settings(p), read, b, 2000, 1) for b in (1, 8, 64)]
     assert steps[0]["tokens_per_s"] < steps[1]["tokens_per_s"] < steps[2]["tokens_per_s"]
     assert steps[0]["bound"] == "bandwidth"
     fast_memory = replace(hw, bandwidth_tbps=1e4)
-    assert plan.decode_step(t, fast_memory, plan.generation_settings(p), read, 64, 2000, 1)["bound"] == "compute"
+    assert (
+        plan_generation.decode_step(t, fast_memory, plan.generation_settings(p), read, 64, 2000, 1)["bound"]
+        == "compute"
+    )
 
 
 def test_training_memory_verdict_flips(tmp_path):
@@ -290,12 +300,12 @@ def test_bad_hardware_profile_names_the_key(tmp_path):
     del data["profiles"]["h200"]["bandwidth_tbps"]
     path = tmp_path / "hw.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ValueError, match=r"profiles\.h200\.bandwidth_tbps: missing key"):
-        plan.load_hardware(path)
+    with pytest.raises(UserError, match=r"profiles\.h200\.bandwidth_tbps: missing key"):
+        plan_inputs.load_hardware(path)
 
 
 def test_every_shipped_profile_cites_a_source():
-    profiles = plan.load_hardware("params/hardware.yaml")
+    profiles = plan_inputs.load_hardware("params/hardware.yaml")
     assert {"rtx-pro-6000", "b200", "h200", "h100-sxm"} <= set(profiles)
     assert all(len(p.source) > 40 for p in profiles.values())
 
@@ -307,14 +317,15 @@ def test_every_shipped_profile_cites_a_source():
 
 def test_stage_on_tiny_target(tmp_path, capsys):
     pytest.importorskip("torch")
-    from dflash.target import build_tiny
+    from dflash.target.build import build_tiny
 
     p = load_params("params.yaml", ["target.tiny.steps=0"])
     build_tiny(p.target, p.base, tmp_path / "target")  # untrained: ~5 s
     argv = ["-S", f"base.target_dir={tmp_path / 'target'}", "-S", f"base.reports_dir={tmp_path / 'reports'}"]
     code, out, _ = _run_stage(argv, capsys)
     assert code == 0 and "Qwen3ForCausalLM" in out
-    result = json.loads((tmp_path / "reports" / "plan.json").read_text())
+    result = json.loads((tmp_path / "reports" / "plan_details.json").read_text())
+    assert json.loads((tmp_path / "reports" / "plan.json").read_text()) == result["summary"]  # the DVC metrics
     tp = result["target"]["params"]
     assert result["summary"]["target_weights_gb"] == pytest.approx(tp["text_total"] * 2 / 1e9)
     assert result["summary"]["generation_hours"] > 0 and result["summary"]["train_fits"]
@@ -336,13 +347,13 @@ def test_overlay_prints_a_full_estimate_without_a_download(tmp_path, capsys):
         "Source: NVIDIA RTX PRO 6000",
     ):
         assert needle in out
-    summary = json.loads((tmp_path / "plan.json").read_text())["summary"]
+    summary = json.loads((tmp_path / "plan.json").read_text())
     assert summary["train_layout"] == "split" and summary["generation_hours"] > 0
 
 
 def test_measurements_of_another_target_are_ignored_and_said_so(tmp_path, capsys):
     """The tiny demo's pilot must never calibrate the 27B plan (and a matching pilot is used)."""
-    from dflash.sizing import target_signature
+    from dflash.core.target_config import target_signature
 
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -359,7 +370,7 @@ def test_measurements_of_another_target_are_ignored_and_said_so(tmp_path, capsys
 
 def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
     """An audit of the 368-row sample (run with the tiny target) leaves the overlay's 902K prompts in force."""
-    from dflash.sizing import target_signature
+    from dflash.core.target_config import target_signature
 
     reports = tmp_path / "reports"
     reports.mkdir()

@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash.config import apply_overrides, from_dict
+from dflash.core.loader import apply_overrides, from_dict
+from dflash.core.metrics import MAX_SHOWN, shown_values
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -297,13 +298,26 @@ def test_pipeline_reports_hold_their_contract_keys(tiny_repo):
             "finish_length_frac",
         ],
         "tokenize.json": ["num_samples", "total_tokens", "loss_tokens", "loss_token_frac", "loss_mask_sum_mode_frac"],
-        "eval.json": ["tau", "tau_reference", "acceptance_per_position", "speedup", "num_prompts"],
+        "eval.json": ["tau", "tau_reference", "acceptance", "speedup", "num_prompts"],
+        "eval_details.json": ["acceptance_per_position", "engines", "reference", "goal", "notes"],
     }
     for name, keys in contract.items():
         data = json.loads((reports / name).read_text())
         assert not [k for k in keys if k not in data], f"{name} lacks {[k for k in keys if k not in data]}"
     pilot = json.loads((reports / "pilot.json").read_text())
     assert pilot["pilot_prompts"] == 4 and pilot["estimated_total_hours"] > 0
-    assert any("lower bound" in n for n in pilot["notes"])  # 4 prompts never fill the engine: said so
+    notes = json.loads((reports / "pilot_details.json").read_text())["notes"]
+    assert any("lower bound" in n for n in notes)  # 4 prompts never fill the engine: said so
     gen = json.loads((reports / "generate.json").read_text())
     assert gen["num_completed"] + gen["num_skipped"] + gen["num_failed"] == gen["num_prompts"]
+    # Every DVC metrics file holds headline numbers only; what is left out is in its details file.
+    for name, stage in yaml.safe_load((tiny_repo / "dvc.yaml").read_text())["stages"].items():
+        for entry in stage.get("metrics", []):
+            path = tiny_repo / (next(iter(entry)) if isinstance(entry, dict) else entry).replace(
+                "${base.reports_dir}", "reports"
+            )
+            data = json.loads(path.read_text())
+            assert shown_values(data) <= MAX_SHOWN, f"stage {name}: {path.name} shows {shown_values(data)} values"
+    dvc_show = run(["dvc", "metrics", "show", "--json"], tiny_repo).stdout
+    shown = sum(shown_values(v["data"]) for v in json.loads(dvc_show)[""]["data"].values())
+    print(f"dvc metrics show: {shown} values in all")

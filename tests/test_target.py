@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from dflash.chat import render_ids, render_text, template_kwargs
-from dflash.config import load_params
-from dflash.io import file_sha256
+from dflash.core.chat import render_ids, render_text, template_kwargs
+from dflash.core.io import file_sha256
+from dflash.core.loader import load_params
 
 TWO_TURNS = [
     {"role": "user", "content": "What is 2 + 2?"},
@@ -55,7 +55,8 @@ def test_two_turn_conversation_renders_exactly(qwen_tokenizer, thinking):
 
 @pytest.mark.slow
 def test_tiny_target_build_is_deterministic(tmp_path, repo_root):
-    from dflash.target import build_tiny, resolve
+    from dflash.core.target_config import resolve
+    from dflash.target.build import build_tiny
 
     params = load_params(repo_root / "params.yaml", ["target.tiny.steps=3", "target.tiny.corpus_size=40"])
     shas = []
@@ -77,7 +78,7 @@ def test_tiny_target_unseen_head_rows_are_zero(tmp_path, repo_root):
     import torch
     from safetensors.torch import load_file
 
-    from dflash.target import build_tiny
+    from dflash.target.build import build_tiny
 
     params = load_params(repo_root / "params.yaml", ["target.tiny.steps=2", "target.tiny.corpus_size=20"])
     build_tiny(params.target, params.base, tmp_path / "t")

@@ -15,12 +15,13 @@ import pyarrow as pa
 import pytest
 from conftest import write_conversations
 
-from dflash import cli
-from dflash.audit import evaluate_gates
-from dflash.config import load_params
-from dflash.generate import SCHEMA as GENERATE_SCHEMA
-from dflash.io import list_shards, read_arrow, read_json, write_arrow, write_json
-from dflash.target import qwen3_tokenizer_dir
+from dflash.core.contracts import GENERATED_SCHEMA as GENERATE_SCHEMA
+from dflash.core.contracts import SAMPLE_SCHEMA
+from dflash.core.errors import UserError
+from dflash.core.gates import evaluate_gates
+from dflash.core.io import list_shards, read_arrow, read_json, write_arrow, write_json
+from dflash.core.loader import load_params
+from dflash.target.build import qwen3_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
 IM_START, IM_END, NL, NL2, THINK, END_THINK = 151644, 151645, 198, 271, 151667, 151668
@@ -123,7 +124,7 @@ def read_split(out: Path, split: str) -> list[dict]:
 
 
 def run_tokenize(params) -> dict:
-    from dflash import tokenize
+    from dflash.tokenize import stage as tokenize
 
     return tokenize.run(params)
 
@@ -203,13 +204,11 @@ def test_recorded_unstable_prefix_fails_naming_the_row(tmp_path, target_dir):
     ok = ONE_TURN
     bad = [{"role": "user", "content": "Hi"}, {"role": "assistant", "reasoning_content": "hmm", "content": "Yo"}]
     cids = write_conversations(tmp_path / "audit/conversations.arrow", [ok, bad])
-    with pytest.raises(
-        ValueError, match=rf"conversations.arrow: row 1 \(conversation {cids[1]}\), assistant message 1"
-    ):
+    with pytest.raises(UserError, match=rf"conversations.arrow: row 1 \(conversation {cids[1]}\), assistant message 1"):
         run_tokenize(params_for(tmp_path, target_dir, "base.enable_thinking=false"))
     from stages.tokenize import main
 
-    with pytest.raises(cli.StageError, match="not a prefix"):
+    with pytest.raises(UserError, match="not a prefix"):
         main(params_for(tmp_path, target_dir, "base.enable_thinking=false"))
 
 
@@ -318,7 +317,7 @@ def test_generated_exact_samples_and_each_filter(tmp_path, target_dir):
 
 
 def test_generated_decodes_to_completion_text_plus_end_token(tmp_path, target_dir, qwen_tokenizer):
-    from dflash.chat import load_fast_chat
+    from dflash.core.chat import load_fast_chat
 
     chat = load_fast_chat(qwen3_tokenizer_dir())
     prompt = chat.encode_batch([chat.render(ONE_TURN[:1], True, {"enable_thinking": True})])[0]
@@ -335,7 +334,7 @@ def test_generated_decodes_to_completion_text_plus_end_token(tmp_path, target_di
 def test_generated_missing_run_is_a_stage_error(tmp_path, target_dir):
     from stages.tokenize import main
 
-    with pytest.raises(cli.StageError, match="current.json: missing; run the generate stage first"):
+    with pytest.raises(UserError, match="current.json: missing; run the generate stage first"):
         main(params_for(tmp_path, target_dir, "tokenize.source=generated"))
 
 
@@ -388,7 +387,7 @@ def test_parallel_output_equals_serial_and_shards_hold_rows_per_shard(tmp_path, 
         outs[workers] = {s: [read_arrow(f) for f in list_shards(out / s)] for s in ("train", "eval")}
         sizes = [t.num_rows for t in outs[workers]["train"]]
         assert all(n == 50 for n in sizes[:-1]) and 0 < sizes[-1] <= 50 and sum(sizes) == m["train_samples"]
-        assert read_arrow(list_shards(out / "train")[0]).schema.equals(__import__("dflash.tokenize").tokenize.SCHEMA)
+        assert read_arrow(list_shards(out / "train")[0]).schema.equals(SAMPLE_SCHEMA)
         assert read_json(out / "manifest.json")["num_train_shards"] == len(sizes)
     for split in ("train", "eval"):
         assert [t.to_pylist() for t in outs[1][split]] == [t.to_pylist() for t in outs[2][split]]
@@ -403,7 +402,7 @@ def test_placeholder_sample_fails_the_gate(tmp_path, target_dir, sample_conversa
     write_conversations(tmp_path / "audit/conversations.arrow", sample_conversations)
     from stages.tokenize import main
 
-    with pytest.raises(cli.StageError, match=r"gate tokenize.gates.loss_mask_sum_mode_frac failed"):
+    with pytest.raises(UserError, match=r"gate tokenize.gates.loss_mask_sum_mode_frac failed"):
         main(params_for(tmp_path, target_dir))
     m = read_json(tmp_path / "reports/tokenize.json")
     assert m["gate_failed"] and m["loss_mask_sum_mode"] <= 8 and m["loss_mask_sum_mode_frac"] > 0.5
@@ -413,20 +412,20 @@ def test_placeholder_sample_fails_the_gate(tmp_path, target_dir, sample_conversa
     assert sum(int(line.split(",")[1]) for line in hist[1:]) == m["num_samples"]
 
 
-def test_seeds_spike_fails_and_varied_lengths_pass(tmp_path, target_dir):
+def test_placeholder_spike_fails_and_varied_lengths_pass(tmp_path, target_dir):
     gates = load_params(REPO / "params.yaml").tokenize.gates
-    (seeds,) = [
+    (spike,) = [
         g for g in evaluate_gates({"loss_mask_sum_mode_frac": 0.87, "dropped_frac": 0.0}, gates) if g["crossed"]
     ]
-    assert seeds["name"] == "loss_mask_sum_mode_frac" and seeds["action"] == "fail"
+    assert spike["name"] == "loss_mask_sum_mode_frac" and spike["action"] == "fail"
 
-    # the same shape as the seeds' data through the stage: 87% of samples supervise exactly 6 tokens
+    # the same shape as the 27B regeneration case's data through the stage: 87% of samples supervise exactly 6 tokens
     rows = [gen_row(f"s{i}", 0, [1, 2], [5] * 5 + [IM_END]) for i in range(87)]
     rows += [gen_row(f"t{i}", 0, [1, 2], [5] * (7 + i) + [IM_END]) for i in range(13)]
     write_generate_run(tmp_path / "generate", [rows])
     from stages.tokenize import main
 
-    with pytest.raises(cli.StageError, match="measured 0.8700 > max"):
+    with pytest.raises(UserError, match="measured 0.8700 > max"):
         main(params_for(tmp_path, target_dir, "tokenize.source=generated"))
     m = read_json(tmp_path / "reports/tokenize.json")
     assert (m["loss_mask_sum_mode"], m["loss_mask_sum_mode_frac"]) == (6, 0.87)
@@ -453,9 +452,9 @@ def test_no_torch_in_the_import_chain(tmp_path, target_dir):
     ]
     code = (
         "import sys\n"
-        "import stages.tokenize, dflash.tokenize, dflash.samples\n"
-        "from dflash.config import load_params\n"
-        f"m = dflash.tokenize.run(load_params('params.yaml', {overrides!r}))\n"
+        "import stages.tokenize, dflash.tokenize.stage, dflash.tokenize.samples\n"
+        "from dflash.core.loader import load_params\n"
+        f"m = dflash.tokenize.stage.run(load_params('params.yaml', {overrides!r}))\n"
         "assert m['num_samples'] == 3, m\n"
         "bad = [k for k in ('torch', 'transformers', 'vllm') if k in sys.modules]\n"
         "assert not bad, bad\n"

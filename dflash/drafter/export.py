@@ -1,0 +1,164 @@
+"""Save / load a drafter in the z-lab native format that vLLM and SGLang serve (docs/design.md section 7).
+
+Folder layout:
+  config.json        the drafter's Qwen3 config fields + architectures ["DFlashDraftModel"], model_type
+                     "qwen3", block_size, num_target_layers, layer_types, sliding_window,
+                     use_sliding_window, dflash_config {mask_token_id, target_layer_ids}
+  model.safetensors  the body only: layers.{i}.self_attn.{q,k,v,o}_proj / {q,k}_norm, layers.{i}.mlp.
+                     {gate,up,down}_proj, layers.{i}.{input,post_attention}_layernorm, fc ([H, K*H]),
+                     hidden_norm, norm. No embed_tokens and no lm_head: engines share the target's.
+
+target_layer_ids are in the z-lab convention (output of decoder layer L = HF hidden_states[L + 1]);
+vLLM adds 1 itself. Serve: speculative_config={"method": "dflash", "model": DIR,
+"num_speculative_tokens": block_size - 1}. vLLM treats sliding_attention layers as causal inside the
+block and full_attention layers as bidirectional, which is what we train; mixed layer types need
+VLLM_USE_V2_MODEL_RUNNER=1 there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash.core.errors import UserError
+from dflash.core.io import atomic_path, read_json, write_json
+from dflash.drafter.geometry import FULL, SLIDING, DrafterConfig, validate_config
+from dflash.drafter.model import DFlashDrafter, build_drafter
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+ARCHITECTURE = "DFlashDraftModel"
+_JSON_KEYS = {"target_layer_ids": "dflash_config.target_layer_ids", "mask_token_id": "dflash_config.mask_token_id"}
+
+
+def body_keys(config: DrafterConfig) -> list[str]:
+    """Every tensor name the checkpoint holds, in the spelling of docs/design.md section 7."""
+    keys = []
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        keys += [f"{p}self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")]
+        keys += [f"{p}self_attn.{n}_norm.weight" for n in ("q", "k")]
+        keys += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+        keys += [f"{p}{n}_layernorm.weight" for n in ("input", "post_attention")]
+    return keys + ["fc.weight", "hidden_norm.weight", "norm.weight"]
+
+
+def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json contents."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "layer_types": list(config.layer_types),
+        "sliding_window": config.sliding_window,
+        # transformers drops sliding_window (-> None) unless this is true, and vLLM then refuses sliding layers.
+        "use_sliding_window": SLIDING in config.layer_types,
+        "block_size": config.block_size,
+        "num_target_layers": config.num_target_layers,
+        "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
+    }
+
+
+def save_drafter(model: DFlashDrafter, config: DrafterConfig, out_dir: str | Path) -> Path:
+    """Write config.json + model.safetensors (body only) into out_dir; return the folder."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    assert sorted(state) == sorted(body_keys(config)), "drafter state_dict drifted from the z-lab key set"
+    with atomic_path(out / WEIGHTS) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_json(out / CONFIG, hf_config(config, model.fc.weight.dtype))
+    return out
+
+
+def read_config(folder: str | Path) -> DrafterConfig:
+    """Parse an exported config.json (also z-lab's own checkpoints) into a DrafterConfig, unvalidated."""
+    path = Path(folder) / CONFIG
+    raw = read_json(path)
+    if ARCHITECTURE not in (raw.get("architectures") or []):
+        raise UserError(f"{path}: architectures {raw.get('architectures')} is not [{ARCHITECTURE!r}]")
+    dflash = raw.get("dflash_config") or {}
+
+    def need(key: str, value: Any) -> Any:
+        if value is None:
+            raise UserError(f"{path}: {key}: missing key")
+        return value
+
+    n_layers = int(need("num_hidden_layers", raw.get("num_hidden_layers")))
+    layer_types = tuple(raw.get("layer_types") or (FULL,) * n_layers)
+    window = raw.get("sliding_window")
+    if window is None:  # irrelevant without sliding layers; validation refuses it otherwise
+        window = need("sliding_window", None) if SLIDING in layer_types else raw.get("max_position_embeddings", 1)
+    rope_theta = raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta"))
+    return DrafterConfig(
+        hidden_size=int(need("hidden_size", raw.get("hidden_size"))),
+        vocab_size=int(need("vocab_size", raw.get("vocab_size"))),
+        num_hidden_layers=n_layers,
+        num_attention_heads=int(need("num_attention_heads", raw.get("num_attention_heads"))),
+        num_key_value_heads=int(need("num_key_value_heads", raw.get("num_key_value_heads"))),
+        head_dim=int(need("head_dim", raw.get("head_dim"))),
+        intermediate_size=int(need("intermediate_size", raw.get("intermediate_size"))),
+        layer_types=layer_types,
+        sliding_window=int(window),
+        rope_theta=float(need("rope_theta", rope_theta)),
+        rms_norm_eps=float(need("rms_norm_eps", raw.get("rms_norm_eps"))),
+        max_position_embeddings=int(need("max_position_embeddings", raw.get("max_position_embeddings"))),
+        block_size=int(need("block_size", raw.get("block_size", dflash.get("block_size")))),
+        mask_token_id=int(need("dflash_config.mask_token_id", dflash.get("mask_token_id"))),
+        target_layer_ids=tuple(need("dflash_config.target_layer_ids", dflash.get("target_layer_ids"))),
+        num_target_layers=int(need("num_target_layers", raw.get("num_target_layers"))),
+    )
+
+
+def load_drafter(
+    folder: str | Path,
+    target_config: Any = None,
+    tokenizer: Any = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[DFlashDrafter, DrafterConfig]:
+    """Load an exported drafter. With target_config, refuse a drafter built for another target (hidden
+    size, vocab, layer count); with tokenizer, refuse a mask token the data uses. dtype defaults to the file's."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = read_config(folder)
+    validate_config(config, target_config, tokenizer, prefix=f"{folder / CONFIG}: ", keys=_JSON_KEYS)
+    state = load_file(str(folder / WEIGHTS), device=str(device))
+    expected = set(body_keys(config))
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise UserError(f"{folder / WEIGHTS}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
+    model = build_drafter(config, device="meta")
+    for name, p in model.state_dict().items():
+        if tuple(state[name].shape) != tuple(p.shape):
+            raise UserError(
+                f"{folder / WEIGHTS}: {name} has shape {tuple(state[name].shape)}, config implies {tuple(p.shape)}"
+            )
+    model = model.to_empty(device=device).to(dtype or state["fc.weight"].dtype)
+    model.load_state_dict(state, strict=True)
+    return model, config
+
+
+__all__ = ["body_keys", "hf_config", "load_drafter", "read_config", "save_drafter"]

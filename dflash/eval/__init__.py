@@ -1,0 +1,9 @@
+"""Stage `eval`: tau measured by the serving engine itself, beside an independent PyTorch reference.
+
+  engines.py     one engine configuration per spawned worker: vLLM speculative decoding, its counters
+  reference.py   the PyTorch reference evaluator (transformers target + DraftSession, greedy)
+  report.py      eval.json, eval.md, the acceptance plot table
+  stage.py       the stage: prompts, engines in turn, the reference, the reports
+
+May import: dflash.core, dflash.drafter. vLLM only inside the engine worker process.
+"""

@@ -1,0 +1,206 @@
+"""Eval: the drafter's acceptance length tau measured by the engine that serves it (real vLLM speculative
+decoding), beside a PyTorch reference evaluator and baselines on the same held-out prompts.
+
+Inputs: the exported drafter `${train.out}/drafter` (z-lab format), the target (`${base.target_dir}/target.json`),
+held-out prompts `${tokenize.out}/eval/shard-*.arrow` (tokenize's eval split: prompt = input_ids[:num_prompt_tokens],
+already rendered with the training template and thinking mode). Outputs (dflash/eval/report.py):
+`reports/eval.json`, `reports/eval.md`, `reports/eval_acceptance.csv` (DVC plot).
+
+Command: python -m stages.eval --params params.yaml
+
+Engine configurations (`eval.engines`), each in its own spawned worker process with its own engine, all on
+the same prompts with the same sampling settings:
+  dflash     speculative_config {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": B-1}
+  untrained  the same with a seeded, untrained drafter of the same geometry (exported to a temp folder)
+  ngram      vLLM's prompt-lookup proposer ({"method": "ngram", prompt_lookup_min / max})
+  none       no speculation: the throughput baseline (speedup) and, at temperature 0, the greedy output
+             that every speculative configuration must reproduce
+How tau, acceptance per position and throughput are read from the engine: dflash/eval/engines.py.
+Reports: dflash/eval/report.py. The reference evaluator: dflash/eval/reference.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash.core.errors import UserError
+from dflash.core.io import list_shards, read_arrow
+from dflash.core.params import EvalParams, Params
+from dflash.core.target_config import resolve
+from dflash.eval.engines import engine_kwargs, run_engine, speculative_config
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("dflash", "untrained", "ngram", "none")
+SPECULATIVE = ("dflash", "untrained", "ngram")
+PROMPT_COLUMNS = ("sample_id", "input_ids", "num_prompt_tokens")
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def load_prompts(folder: str | Path, num_prompts: int) -> list[dict]:
+    """The first `num_prompts` (0 = all) held-out prompts in shard order: {"sample_id", "prompt_ids"}."""
+    shards = list_shards(folder, "shard-*.arrow")
+    if not shards:
+        raise UserError(f"{folder}: no shard-*.arrow (the tokenize stage's eval split); run tokenize first")
+    prompts: list[dict] = []
+    for shard in shards:
+        table = read_arrow(shard)
+        missing = [c for c in PROMPT_COLUMNS if c not in table.column_names]
+        if missing:
+            raise UserError(f"{shard}: columns {missing} missing (expected the tokenize stage's shard schema)")
+        cols = table.select(list(PROMPT_COLUMNS)).to_pydict()
+        for row, (sid, ids, n) in enumerate(zip(*(cols[c] for c in PROMPT_COLUMNS), strict=True)):
+            if not 0 < n <= len(ids):
+                raise UserError(f"{shard}: row {row} ({sid}): num_prompt_tokens {n} outside 1..{len(ids)} (input_ids)")
+            prompts.append({"sample_id": sid, "prompt_ids": list(ids[:n])})
+            if num_prompts and len(prompts) == num_prompts:
+                return prompts
+    return prompts
+
+
+def stop_token_ids(model: str, tokenizer: Any) -> list[int]:
+    """The ids that end a request: the tokenizer's eos plus the generation config's eos ids (what vLLM
+    stops on). Passed explicitly to vLLM and to the reference so both stop at the same tokens."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(model).eos_token_id
+    except OSError:  # no generation_config.json
+        eos = None
+    if eos is not None:
+        ids |= set(eos) if isinstance(eos, list) else {eos}
+    return sorted(ids)
+
+
+def split_by_length(prompts: list[dict], e: EvalParams, block_size: int) -> tuple[list[dict], list[str]]:
+    """(kept, skipped sample ids): a prompt plus its output budget plus one block must fit max_model_len."""
+    room = e.max_model_len - e.max_tokens - block_size
+    kept = [p for p in prompts if len(p["prompt_ids"]) <= room]
+    return kept, [p["sample_id"] for p in prompts if len(p["prompt_ids"]) > room]
+
+
+# ------------------------------------------------------------------------------------------ engines
+
+
+# ------------------------------------------------------------------------------------------ stage
+
+
+def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path) -> Path:
+    """A seeded, untrained drafter of the trained one's geometry, exported for vLLM (the tau ~ 1 baseline)."""
+    import torch
+
+    from dflash.drafter.export import save_drafter
+    from dflash.drafter.model import build_drafter
+
+    torch.manual_seed(seed)
+    return save_drafter(build_drafter(config, dtype=dtype), config, out_dir)
+
+
+def _reference(params: Params, info: dict, drafter_dir: str, prompts: list[dict], stop_ids: list[int]) -> dict:
+    """The PyTorch reference evaluator over the same prompts (greedy); summary + per-prompt tokens."""
+    import torch
+
+    from dflash.core.hf import load_target_model
+    from dflash.drafter.export import load_drafter
+    from dflash.eval.reference import reference_decode, summarize
+
+    e = params.eval
+    device = e.reference_device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, e.dtype)
+    target = load_target_model(params.base.target_dir, dtype, device, params.base.trust_remote_code)
+    drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
+    drafter.eval()
+    t0 = time.perf_counter()
+    results = [
+        reference_decode(target, drafter, p["prompt_ids"], e.max_tokens, stop_ids, mode=e.reference_mode)
+        for p in prompts
+    ]
+    wall = time.perf_counter() - t0
+    del target
+    return {
+        **summarize(results, cfg.block_size),
+        "mode": e.reference_mode,
+        "device": device,
+        "wall_s": wall,
+        "tokens": [r.tokens for r in results],
+    }
+
+
+@dataclass
+class EvalRun:
+    report: dict  # eval.json
+    tokens: dict[str, list[list[int]]]  # per prompt output ids: one entry per engine, plus "reference"
+
+
+def run(params: Params) -> EvalRun:
+    """The eval stage: every engine configuration, the reference, then the reports (written)."""
+    from dflash.core.hf import load_tokenizer, target_config_dict
+    from dflash.drafter.export import load_drafter
+    from dflash.eval.report import build_report, write_reports
+
+    e = params.eval
+    if "dflash" not in e.engines:
+        raise UserError(f"eval.engines: {e.engines} must include 'dflash' (the drafter under evaluation)")
+    if len(set(e.engines)) != len(e.engines):
+        raise UserError(f"eval.engines: {e.engines} has duplicates")
+    if e.temperature < 0:
+        raise UserError(f"eval.temperature: must be >= 0, got {e.temperature}")
+    info = resolve(params.base.target_dir)
+    target_config = target_config_dict(params.base.target_dir, params.base.trust_remote_code)
+    tokenizer = load_tokenizer(info["model"], params.base.trust_remote_code, info.get("revision"))
+    drafter_path = Path(params.train.out) / "drafter"  # what the train stage exports
+    prompts_dir = Path(params.tokenize.out) / "eval"  # the tokenize stage's held-out split
+    drafter_dir = str(drafter_path.resolve())
+    if not (drafter_path / "config.json").exists():
+        raise UserError(f"{drafter_path}: no exported drafter (config.json); run the train stage first")
+    # Refuses a drafter built for another target (hidden size, vocab, layer count) or a mask token the data uses.
+    drafter, dcfg = load_drafter(drafter_dir, target_config=target_config, tokenizer=tokenizer)
+    prompts, skipped = split_by_length(load_prompts(prompts_dir, e.num_prompts), e, dcfg.block_size)
+    if not prompts:
+        raise UserError(f"{prompts_dir}: no prompt fits eval.max_model_len={e.max_model_len} with its output budget")
+    stops = stop_token_ids(info["model"], tokenizer)
+    log.info("eval: %d prompts (%d skipped as too long), engines %s", len(prompts), len(skipped), e.engines)
+
+    engines: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="dflash-eval-") as tmp:
+        dirs = {"dflash": drafter_dir}
+        if "untrained" in e.engines:
+            dirs["untrained"] = str(_untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp)))
+        del drafter
+        for name in e.engines:
+            spec = speculative_config(name, e, dirs.get(name, ""), dcfg.block_size)
+            cfg = {
+                "engine_kwargs": engine_kwargs(e, info, params.base.seed, params.base.trust_remote_code, spec),
+                "prompts": [p["prompt_ids"] for p in prompts],
+                "max_tokens": e.max_tokens,
+                "temperature": e.temperature,
+                "seed": params.base.seed,
+                "stop_ids": stops,
+            }
+            log.info("eval: engine %s (speculative_config %s)", name, spec)
+            engines[name] = {"speculative_config": spec, **run_engine(name, cfg, e.engine_timeout_s)}
+            r = engines[name]
+            log.info(
+                "eval: %s tau %s, %.1f output tok/s, %.2f tokens/step",
+                name,
+                r["counters"]["tau"],
+                r["output_tokens_per_s"] or 0.0,
+                r["tokens_per_step"],
+            )
+    reference = _reference(params, info, drafter_dir, prompts, stops) if e.reference else None
+    report = build_report(e, dcfg, prompts, skipped, engines, reference)
+    write_reports(report, Path(params.base.reports_dir))
+    tokens = {name: r["tokens"] for name, r in engines.items()}
+    if reference is not None:
+        tokens["reference"] = reference["tokens"]
+    return EvalRun(report, tokens)

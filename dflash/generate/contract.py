@@ -1,0 +1,110 @@
+"""What the generate dispatcher and its workers agree on: work units, the worker's config, the messages a
+worker sends back, and the turn policy both sides apply (which turns are regenerated, per-request seeds,
+the reasoning / answer split). Imported by dispatch, worker and stage; imports neither of them.
+
+Messages travel over one one-way pipe per worker (dflash/generate/dispatch.py says why): a worker sends
+Ready once its engine is up, UnitStarted / Progress / UnitDone while it works, Exited before a clean exit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from dflash.core.params import GenerateParams
+
+CRASH_ENV = "DFLASH_GENERATE_CRASH_UNIT"  # fault injection for tests: "<unit index>" -> worker dies on it
+
+
+@dataclass
+class Unit:
+    """A chunk of `generate.unit_size` conversations: the commit and resume unit (one shard)."""
+
+    index: int
+    conversations: list[dict]  # {"conversation_id", "messages", "tools"}
+    name: str  # file name: keyed by the member ids, so a changed input never reuses a stale unit
+    attempts: int = 0  # failed attempts so far (a retried unit runs alone)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker process needs (pickled into it at spawn)."""
+
+    gparams: GenerateParams
+    model: str  # path or hub id the engine loads
+    model_name: str  # what the shard rows record as `model`
+    revision: str
+    seed: int  # engine seed (base.seed)
+    trust_remote_code: bool
+    template_kwargs: dict[str, Any]  # chat template kwargs (thinking mode, base.chat_template_kwargs)
+    run_dir: str  # where unit shards are committed
+    run_hash: str
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES of this worker's engine (None on CPU)
+
+
+@dataclass(frozen=True)
+class Ready:
+    engine: int
+    start_s: float  # engine start-up time
+
+
+@dataclass(frozen=True)
+class UnitStarted:
+    engine: int
+    unit: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    engine: int
+    prompts: int  # turns recorded (completed or skipped) since the last message
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class UnitDone:
+    engine: int
+    unit: int
+    prompts: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    engine: int
+
+
+WorkerMessage = Ready | UnitStarted | Progress | UnitDone | Exited
+
+
+def generation_targets(messages: list[dict]) -> list[int]:
+    """Indices in `messages` where a regenerated assistant turn goes (policy: dflash/generate/stage.py).
+
+    An index equal to len(messages) means "append a final turn". History before index i is
+    messages[:i] with earlier targets replaced by their regenerated answers.
+    """
+    targets = [i for i, m in enumerate(messages) if m["role"] == "assistant" and not m.get("tool_calls")]
+    if messages and messages[-1]["role"] in ("user", "tool"):
+        targets.append(len(messages))
+    return targets
+
+
+def count_prompts(conversations: list[dict]) -> int:
+    return sum(len(generation_targets(c["messages"])) for c in conversations)
+
+
+def request_seed(seed: int, sample_id: str) -> int:
+    """Per-request seed derived from the sample id: a resumed run samples the same outputs."""
+    return int(hashlib.sha256(f"{seed}:{sample_id}".encode()).hexdigest()[:15], 16)
+
+
+def split_reasoning(tokenizer: Any, completion_ids: list[int], think_end_id: int | None) -> tuple[str, str, bool]:
+    """(reasoning, answer, has_think_end) split at the </think> token of the sampled ids."""
+    if think_end_id is not None and think_end_id in completion_ids:
+        cut = completion_ids.index(think_end_id)
+        reasoning = tokenizer.decode(completion_ids[:cut], skip_special_tokens=True)
+        reasoning = reasoning.replace("<think>", "").strip("\n")
+        answer = tokenizer.decode(completion_ids[cut + 1 :], skip_special_tokens=True).strip("\n")
+        return reasoning, answer, True
+    return "", tokenizer.decode(completion_ids, skip_special_tokens=True).strip("\n"), False

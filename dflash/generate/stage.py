@@ -1,0 +1,290 @@
+"""Generate: regenerate every assistant turn with the target itself through real vLLM.
+
+Inputs: `${audit.out}/conversations.arrow` (normalized conversations, written by the audit stage) and
+the target (`${base.target_dir}/target.json`). Outputs: `${generate.out}/run-<hash>/unit-*.arrow`
+(one Arrow shard per work unit), `${generate.out}/current.json` (which run is current), metrics
+`reports/generate.json` (headline) + `reports/generate_details.json`; in pilot mode `${generate.pilot_out}/...`
+and `reports/pilot.json` + `reports/pilot_details.json`.
+
+Command: python -m stages.generate --params params.yaml        (full run; resumable)
+         python -m stages.generate --pilot                      (pilot of generate.pilot_samples prompts)
+
+Policies
+- Prompts are rendered with the target's own tokenizer + chat template (thinking mode and template
+  kwargs from `base`) and passed to vLLM as token ids, so the exact prompt ids are known; the sampled
+  completion ids are stored verbatim (tokenize never re-derives them from text).
+- Which turns are regenerated: every assistant message WITHOUT tool calls, in order, each against
+  the model's own earlier regenerated turns (the recorded answers are the placeholders we replace);
+  a conversation that ends with a user (or tool) message also gets a final turn. Assistant messages
+  WITH tool calls are kept exactly as recorded, together with the recorded tool results, because a
+  regenerated call would not match the recorded result; they are history, never training samples.
+  After a truncated turn (finish_reason "length") the later turns of that conversation are skipped
+  (their history would contain a cut-off answer).
+- Data parallel: `num_engines` worker processes, each owning one vLLM engine pinned to its devices
+  (CUDA_VISIBLE_DEVICES; `tensor_parallel_size` devices each). The main process is the dispatcher: a
+  shared queue of work units (chunks of `unit_size` conversations) from which it keeps every worker
+  fed; each worker streams requests through its engine (`LLMEngine.add_request` / `step`), so the
+  batch never drains between units and a multi-turn conversation's next turn is submitted the moment
+  its previous turn finishes.
+- Resumable, nothing lost or duplicated: a unit's shard is written atomically (temp file + rename)
+  only when all its conversations are done; the run folder name hashes everything that changes
+  outputs (model + weights hash, tokenizer/template, template kwargs, sampling, max_model_len, dtype,
+  quantization), so stale shards never mix in; a restart skips units whose shard exists. Requests
+  carry a seed derived from the sample id, so a resumed run reproduces the same outputs.
+- Failures: a worker that dies (engine crash) is restarted; its in-flight units are retried alone
+  (so a bad unit cannot take innocent ones down with it) up to `max_unit_retries`, then recorded as
+  failed. Prompts longer than the context and empty prompts are recorded as skipped, never a crash.
+  `completed + skipped + failed == prompts` in reports/generate.json; the stage fails at the end if
+  anything failed, saying what.
+
+Data contract: one row per regenerated turn, GENERATED_SCHEMA in dflash/core/contracts.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dflash.core.chat import template_kwargs
+from dflash.core.contracts import CONVERSATIONS_FILE, CURRENT_RUN_FILE
+from dflash.core.errors import UserError
+from dflash.core.io import config_hash, file_sha256, list_shards, read_arrow, write_json
+from dflash.core.loader import as_dict
+from dflash.core.metrics import write_metrics
+from dflash.core.params import Params
+from dflash.core.target_config import resolve, target_signature
+from dflash.generate.contract import Unit, WorkerConfig, count_prompts
+from dflash.generate.dispatch import DispatchResult, dispatch
+from dflash.generate.pilot import PILOT_HEADLINE, percentile, pilot_report
+
+log = logging.getLogger(__name__)
+
+HEADLINE = (  # reports/generate.json, the DVC metrics (everything else: reports/generate_details.json)
+    "num_prompts",
+    "num_completed",
+    "num_skipped",
+    "num_failed",
+    "output_tokens",
+    "prompt_tokens",
+    "output_tokens_per_s",
+    "mean_output_tokens",
+    "p50_output_tokens",
+    "p90_output_tokens",
+    "p99_output_tokens",
+    "finish_length_frac",
+    "missing_think_end_frac",
+    "num_units",
+    "units_reused",
+    "num_engines",
+    "generation_wall_s",
+    "target_signature",
+)
+
+# ------------------------------------------------------------------------------- conversations
+
+
+def load_conversations(path: str | Path) -> list[dict]:
+    """Rows of the audit's conversations.arrow as dicts with parsed `messages` and `tools`."""
+    if not Path(path).exists():
+        raise UserError(f"{path}: missing; run the audit stage first (dvc repro audit)")
+    table = read_arrow(path)
+    for col in ("conversation_id", "messages", "tools"):
+        if col not in table.column_names:
+            raise UserError(f"{path}: column {col!r} missing (is this the audit stage's conversations.arrow?)")
+    out = []
+    seen: dict[str, int] = {}
+    for row, (cid, msgs, tools) in enumerate(
+        zip(
+            table["conversation_id"].to_pylist(), table["messages"].to_pylist(), table["tools"].to_pylist(), strict=True
+        )
+    ):
+        if cid in seen:
+            raise UserError(
+                f"{path}: conversation_id {cid} appears at rows {seen[cid]} and {row}; ids must be unique "
+                "(the audit stage drops duplicates: re-run it rather than editing its output)"
+            )
+        seen[cid] = row
+        out.append(
+            {"conversation_id": cid, "messages": json.loads(msgs), "tools": json.loads(tools) if tools else None}
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------- run identity
+
+
+def run_identity(params: Params, target_info: dict, target_dir: str | Path) -> dict:
+    """Everything that changes generated outputs (hashed into the run folder name)."""
+    g = params.generate
+    tdir = Path(target_dir)
+    weights = sorted(tdir.glob("*.safetensors"))
+    return {
+        "model": target_info["model"] if target_info.get("source") != "tiny" else "tiny",
+        "revision": target_info.get("revision", ""),
+        "weights_sha": [file_sha256(w)[:16] for w in weights],
+        "tokenizer_sha": [
+            file_sha256(tdir / f)[:16] for f in ("tokenizer.json", "tokenizer_config.json") if (tdir / f).exists()
+        ],
+        "template_kwargs": template_kwargs(params.base.enable_thinking, params.base.chat_template_kwargs),
+        "sampling": as_dict(g.sampling),
+        "max_model_len": g.max_model_len,
+        "dtype": g.dtype,
+        "quantization": g.quantization,
+    }
+
+
+def make_units(conversations: list[dict], unit_size: int) -> list[Unit]:
+    units = []
+    for k in range(0, len(conversations), unit_size):
+        members = conversations[k : k + unit_size]
+        key = hashlib.sha256("\n".join(c["conversation_id"] for c in members).encode()).hexdigest()[:10]
+        idx = k // unit_size
+        units.append(Unit(idx, members, f"unit-{idx:05d}-{key}.arrow"))
+    return units
+
+
+# ------------------------------------------------------------------------------- worker
+
+
+def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict) -> WorkerConfig:
+    return WorkerConfig(
+        gparams=params.generate,
+        model=info["model"],
+        model_name=info["model"] if info.get("source") != "tiny" else f"tiny:{info['model']}",
+        revision=info.get("revision", ""),
+        seed=params.base.seed,
+        trust_remote_code=params.base.trust_remote_code,
+        template_kwargs=template_kwargs(params.base.enable_thinking, params.base.chat_template_kwargs),
+        run_dir=str(run_dir),
+        run_hash=run_hash,
+    )
+
+
+def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
+    """Counts over the committed shards of this run (reused + new)."""
+    wanted = {u.name for u in units}
+    failed_names = {f["name"] for f in failed}
+    rows = []
+    for shard in list_shards(run_dir, "unit-*.arrow"):
+        if shard.name in wanted:
+            rows.extend(
+                read_arrow(shard)
+                .select(
+                    [
+                        "status",
+                        "skip_reason",
+                        "finish_reason",
+                        "num_completion_tokens",
+                        "num_prompt_tokens",
+                        "has_think_end",
+                    ]
+                )
+                .to_pylist()
+            )
+    completed = [r for r in rows if r["status"] == "completed"]
+    out_lens = [r["num_completion_tokens"] for r in completed]
+    reasons: dict[str, int] = {}
+    for r in rows:
+        if r["status"] == "skipped":
+            reasons[r["skip_reason"]] = reasons.get(r["skip_reason"], 0) + 1
+    n_failed = sum(count_prompts(u.conversations) for u in units if u.name in failed_names)
+    return {
+        "num_completed": len(completed),
+        "num_skipped": len(rows) - len(completed),
+        "num_failed": n_failed,
+        "skipped_by_reason": reasons,
+        "output_tokens": sum(out_lens),
+        "prompt_tokens": sum(r["num_prompt_tokens"] for r in completed),
+        "finish_length_frac": round(sum(r["finish_reason"] == "length" for r in completed) / max(1, len(completed)), 4),
+        "missing_think_end_frac": round(sum(not r["has_think_end"] for r in completed) / max(1, len(completed)), 4),
+        "mean_output_tokens": round(sum(out_lens) / max(1, len(out_lens)), 2),
+        "p50_output_tokens": percentile(out_lens, 0.5),
+        "p90_output_tokens": percentile(out_lens, 0.9),
+        "p99_output_tokens": percentile(out_lens, 0.99),
+        "output_lengths": out_lens,
+    }
+
+
+def run(params: Params, pilot: bool = False) -> dict:
+    """The generate stage (or its pilot). Returns the metrics written to reports/."""
+    g = params.generate
+    info = resolve(params.base.target_dir)
+    source = Path(params.audit.out) / CONVERSATIONS_FILE
+    conversations = load_conversations(source)
+    if pilot:
+        if g.pilot_samples <= 0:
+            raise UserError("generate.pilot_samples: must be > 0 for a pilot run")
+        rng = random.Random(params.base.seed)
+        conversations = rng.sample(conversations, min(g.pilot_samples, len(conversations)))
+    identity = run_identity(params, info, params.base.target_dir)
+    run_hash = config_hash(identity)
+    out_root = Path(g.pilot_out if pilot else g.out)
+    run_dir = out_root / f"run-{run_hash}"
+    if pilot and run_dir.exists():
+        shutil.rmtree(run_dir)  # a pilot measures speed: always from scratch
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for tmp in run_dir.glob(".*.tmp"):
+        tmp.unlink()  # half-written shards of a killed run
+    write_json(run_dir / "identity.json", identity)
+
+    units = make_units(conversations, g.unit_size)
+    wanted = {u.name for u in units}
+    for stale in list_shards(run_dir, "unit-*.arrow"):
+        if stale.name not in wanted:
+            stale.unlink()  # same run hash but different input: not part of this run
+    todo = [u for u in units if not (run_dir / u.name).exists()]
+    total = count_prompts(conversations)
+    done_prompts = total - count_prompts([c for u in todo for c in u.conversations])
+    log.info(
+        "generate: %d conversations, %d prompts, %d units (%d already done) -> %s",
+        len(conversations),
+        total,
+        len(units),
+        len(units) - len(todo),
+        run_dir,
+    )
+    stats = DispatchResult([], [], {}, 0, 0.0, 0.0)
+    if todo:
+        stats = dispatch(todo, _worker_cfg(params, run_dir, run_hash, info), g, total, done_prompts)
+    summary = summarize(run_dir, units, stats.failed_units)
+    lengths = summary.pop("output_lengths")
+    metrics: dict[str, Any] = {
+        "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
+        "num_prompts": total,
+        **summary,
+        "output_tokens_per_s": round(stats.tokens_this_session / stats.gen_wall_s, 2) if stats.gen_wall_s else None,
+        "num_conversations": len(conversations),
+        "num_units": len(units),
+        "units_reused": len(units) - len(todo),
+        "units_failed": stats.failed_units,
+        "num_engines": g.num_engines,
+        "engine_start_s": stats.engine_start_s,
+        "generation_wall_s": round(stats.gen_wall_s, 2),
+        "stage_wall_s": round(stats.wall_s, 2),
+        "run_dir": str(run_dir),
+        "run_hash": run_hash,
+    }
+    accounted = metrics["num_completed"] + metrics["num_skipped"] + metrics["num_failed"]
+    assert accounted == total, f"generate accounting: {accounted} != {total} prompts"
+    if pilot:
+        metrics = pilot_report(
+            metrics,
+            stats,
+            lengths,
+            num_input_prompts=count_prompts(load_conversations(source)),
+            g=g,
+            seed=params.base.seed,
+        )
+        write_metrics(params.base.reports_dir, "pilot", metrics, PILOT_HEADLINE)
+    else:
+        write_metrics(params.base.reports_dir, "generate", metrics, HEADLINE)
+        if not stats.failed_units:
+            write_json(
+                out_root / CURRENT_RUN_FILE, {"run_dir": run_dir.name, "run_hash": run_hash, "num_units": len(units)}
+            )
+    return metrics

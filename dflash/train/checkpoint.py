@@ -1,0 +1,200 @@
+"""Training checkpoints: atomic folders under a config-hashed directory, exact resume, provenance.
+
+Layout (`${train.out}/checkpoints/`, kept outside DVC's outs so that it survives a killed `dvc repro`):
+  <hash>/                   one folder per training configuration: sha256 of config.json below, so a run
+                            never resumes a checkpoint of other params, another target or other data
+    config.json             what the hash covers, readable
+    step-00000120/          one checkpoint; written as .tmp-step-00000120/ and renamed into place only when
+                            complete (a killed write leaves a .tmp-* folder, ignored and removed next time)
+      model.safetensors     the drafter's fp32 master weights (the body; the same keys as the z-lab export)
+      state.pt              optimizer, scheduler, RNG states, step, epoch, position in the epoch, metric history:
+                            tensors / numbers / strings only, read back with torch.load(weights_only=True)
+      run_info.json         provenance: git SHA, package versions, argv, params
+Only the newest `keep` checkpoints stay. Folders of other configurations are left alone (listed in the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash.core.errors import UserError
+from dflash.core.io import canonical_json, config_hash, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+WEIGHTS, STATE, RUN_INFO, CONFIG = "model.safetensors", "state.pt", "run_info.json", "config.json"
+_PREFIX = "step-"
+PACKAGES = ("torch", "transformers", "safetensors", "numpy", "pyarrow", "dvclive", "dvc", "tqdm")
+
+
+def config_folder(root: str | Path, key: dict, write: bool = True) -> Path:
+    """root/<hash of key>/ with key written to config.json (once; an existing one must match). Only one
+    process writes (write=True); the others just compute the name."""
+    folder = Path(root) / config_hash(key, 16)
+    if not write:
+        return folder
+    path = folder / CONFIG
+    if path.exists():
+        if canonical_json(read_json(path)) != canonical_json(key):
+            raise UserError(
+                f"{path}: does not match its folder's hash (edited by hand?); delete {folder} to start over"
+            )
+    else:
+        write_json(path, key)
+    others = [p.name for p in Path(root).iterdir() if p.is_dir() and p != folder]
+    if others:
+        log.info("checkpoints of other configurations in %s (not used): %s", root, ", ".join(sorted(others)))
+    return folder
+
+
+def checkpoints(folder: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    folder = Path(folder)
+    if not folder.exists():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
+    return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
+
+
+def latest(folder: str | Path) -> Path | None:
+    found = checkpoints(folder)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, _, gauss = random.getstate()
+    random.setstate((version, tuple(state["python"]), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(folder: str | Path, step: int, model_state: dict, state: dict, run_info: dict, keep: int) -> Path:
+    """Write one checkpoint atomically (module docstring) and prune to the newest `keep`."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    final = folder / f"{_PREFIX}{step:08d}"
+    tmp = folder / f".tmp-{final.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
+    save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    torch.save(state, tmp / STATE)
+    write_json(tmp / RUN_INFO, run_info)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # the same step written again (a resumed run that stopped at the same place)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in checkpoints(folder)[: -max(1, keep)]:
+        shutil.rmtree(old)
+    for stale in folder.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict, dict]:
+    """(model state dict, training state) of one checkpoint folder."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    weights = load_file(str(path / WEIGHTS), device=str(device))
+    state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    return weights, state
+
+
+_HISTORY_FLOATS = ("loss", "grad_norm", "lr", "seconds", "weight")
+_HISTORY_INTS = ("step", "epoch", "tokens")
+
+
+def pack_history(history: list[dict]) -> dict[str, torch.Tensor]:
+    """Per-step metrics as a few tensors (compact, exact: float64 holds Python floats) for state.pt."""
+    out = {k: torch.tensor([h[k] for h in history], dtype=torch.float64) for k in _HISTORY_FLOATS}
+    out |= {k: torch.tensor([h[k] for h in history], dtype=torch.long) for k in _HISTORY_INTS}
+    for k in ("correct", "counted"):
+        out[k] = torch.tensor([h[k] for h in history], dtype=torch.long).view(len(history), -1)
+    return out
+
+
+def unpack_history(packed: dict[str, torch.Tensor]) -> list[dict]:
+    n = len(packed["step"])
+    cols = {k: v.tolist() for k, v in packed.items()}
+    return [{k: cols[k][i] for k in cols} for i in range(n)]
+
+
+def get_history(checkpoint_dir: str | Path) -> list[dict]:
+    """The per-step metrics saved in a checkpoint folder's latest checkpoint (tests, analysis)."""
+    path = latest(checkpoint_dir)
+    if path is None:
+        return []
+    return unpack_history(torch.load(Path(path) / STATE, weights_only=True)["history"])
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_info(params: dict, extra: dict | None = None) -> dict:
+    """Provenance written beside each checkpoint and the export: what produced these weights."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    status = _git("status", "--porcelain")
+    return {
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": versions,
+        "cuda": torch.version.cuda,
+        "argv": list(sys.argv),
+        "params": params,
+        **(extra or {}),
+    }
+
+
+def describe(state: dict[str, Any]) -> str:
+    return f"step {state['step']} (epoch {state['epoch']}, step {state['epoch_step']} of it)"
+
+
+__all__ = [
+    "checkpoints",
+    "config_folder",
+    "get_history",
+    "latest",
+    "load",
+    "pack_history",
+    "rng_state",
+    "run_info",
+    "save",
+    "set_rng_state",
+    "unpack_history",
+]

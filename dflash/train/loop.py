@@ -1,0 +1,495 @@
+"""Online DFlash training: target features in-process, per-document anchors, decayed chunked loss, exact resume.
+
+Inputs: `${tokenize.out}/train/shard-*.arrow` (data.py has the contract), the target in `${base.target_dir}`,
+params `train`, `drafter`, `base`. Outputs: `${train.out}/drafter/` (z-lab export: config.json +
+model.safetensors, plus run_info.json), `${train.out}/checkpoints/<hash>/step-*/` (checkpoint.py), dvclive
+metrics and plots in `${train.live_dir}` and a summary dict (the stage writes `${base.reports_dir}/train.json`, its
+HEADLINE, and `train_details.json`).
+
+    python -m stages.train --params params.yaml                       # one process (CPU, or one GPU)
+    torchrun --nproc_per_node 4 -m stages.train --params params.yaml  # data parallel (DDP; gloo on CPU)
+
+Order of work (bad params fail before anything heavy): check the train params -> read the target's config.json
+-> build and validate the drafter config -> scan the data (ids in range, no mask token) -> load the target
+weights -> train. Each optimizer step takes `batch_size x grad_accum_steps x world_size` packed rows (the global
+batch, dropped at an epoch's end when incomplete); process r's micro-step m gets rows (m * world + r) of the
+step, so one process with a larger batch sees the same rows as several smaller ones. The loss is normalised by
+the weight sum of the whole global batch (loss.py), which makes gradients independent of that split.
+
+Devices: `target_device` / `drafter_device` (auto = cuda:0 or cpu). The same GPU for both is the simple layout;
+different GPUs is the split layout (target on one, drafter on another; features, the embedding and the lm_head
+are copied to the drafter's GPU). With torchrun, process r owns GPUs r*gpus_per_process ... (cuda:N counts from
+there). Mixed precision: target weights in the compute dtype (bf16 on GPU), the drafter keeps fp32 master
+weights and runs under bf16 autocast; fp32 everywhere on CPU.
+
+Determinism: the data plan and anchors are functions of (seed, epoch, document), the feature noise of
+(seed, step, micro-step): nothing but model, optimizer, scheduler, RNG states and the step counter must be saved,
+and a resumed run's losses equal the uninterrupted run's bit for bit on CPU (tests/test_train.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from dflash.core.errors import UserError
+from dflash.core.hf import load_target_model, target_config_dict, target_tokenizer
+from dflash.core.loader import as_dict
+from dflash.core.params import Params, TrainParams
+from dflash.drafter.geometry import build_drafter_config, config_dict
+from dflash.drafter.masks import build_masks
+from dflash.drafter.model import (
+    block_input_ids,
+    block_labels,
+    build_drafter,
+    count_parameters,
+)
+from dflash.train import checkpoint
+from dflash.train.data import DocIndex, ShardReader, epoch_rows, make_batch, packing_efficiency, scan_shards
+from dflash.train.features import TargetFeatures, target_identity
+from dflash.train.loss import LMHead, decayed_ce, slot_weights, tau_hat, valid_weight_sum
+
+log = logging.getLogger(__name__)
+
+# train keys that do not change the trained weights: outside the checkpoint hash (see TrainParams)
+OPERATIONAL = (
+    "out",
+    "live_dir",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "log_every",
+    "max_steps",
+    "export_dtype",
+    "target_batch_tokens",
+    "compile",
+    "target_device",
+    "drafter_device",
+    "gpus_per_process",
+    "batch_size",
+    "grad_accum_steps",
+)
+HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/train_details.json)
+    "completed",
+    "steps",
+    "total_steps",
+    "epochs",
+    "first_loss",
+    "final_loss",
+    "final_tau_hat",
+    "tokens_per_s",
+    "packing_efficiency",
+    "drafter_params",
+    "rows_per_step",
+    "world_size",
+    "documents_used",
+    "train_tokens_per_epoch",
+    "wall_seconds",
+)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_params(tp: TrainParams) -> None:
+    """UserError naming `train.<key>` for values no run can use."""
+    rules = {
+        "max_length": tp.max_length >= 2,
+        "max_tokens_per_row": tp.max_tokens_per_row >= tp.max_length,
+        "pack_window": tp.pack_window >= 1,
+        "num_anchors": tp.num_anchors >= 1,
+        "epochs": tp.epochs >= 1,
+        "batch_size": tp.batch_size >= 1,
+        "grad_accum_steps": tp.grad_accum_steps >= 1,
+        "lr": tp.lr > 0,
+        "min_lr_ratio": 0 <= tp.min_lr_ratio <= 1,
+        "warmup_ratio": 0 <= tp.warmup_ratio < 1,
+        "weight_decay": tp.weight_decay >= 0,
+        "adam_betas": len(tp.adam_betas) == 2 and all(0 <= b < 1 for b in tp.adam_betas),
+        "grad_clip": tp.grad_clip >= 0,
+        "loss_gamma": tp.loss_gamma > 0,
+        "logits_chunk_blocks": tp.logits_chunk_blocks >= 1,
+        "feature_noise": tp.feature_noise >= 0,
+        "gpus_per_process": tp.gpus_per_process >= 1,
+        "target_batch_tokens": tp.target_batch_tokens >= 1,
+        "checkpoint_every": tp.checkpoint_every >= 0,
+        "keep_checkpoints": tp.keep_checkpoints >= 1,
+        "log_every": tp.log_every >= 1,
+        "max_steps": tp.max_steps >= 0,
+    }
+    for key, ok in rules.items():
+        if not ok:
+            extra = f" (must be >= train.max_length {tp.max_length})" if key == "max_tokens_per_row" else ""
+            raise UserError(f"train.{key}: invalid value {getattr(tp, key)!r}{extra}")
+
+
+def resolve_device(spec: str, key: str, local_rank: int, gpus_per_process: int) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device; N counts from this process's first GPU."""
+    if spec == "auto":
+        spec = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec != "cuda" and not (spec.startswith("cuda:") and spec[5:].isdigit()):
+        raise UserError(f"train.{key}: expected auto, cpu, cuda or cuda:N, got {spec!r}")
+    n = int(spec[5:]) if spec.startswith("cuda:") else 0
+    if not torch.cuda.is_available():
+        raise UserError(f"train.{key}: {spec} requested but CUDA is not available")
+    if n >= gpus_per_process:
+        raise UserError(f"train.{key}: {spec} is outside this process's {gpus_per_process} GPU(s)")
+    gpu = local_rank * gpus_per_process + n
+    if gpu >= torch.cuda.device_count():
+        raise UserError(f"train.{key}: process {local_rank} needs GPU {gpu}, only {torch.cuda.device_count()} exist")
+    return torch.device("cuda", gpu)
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup over `warmup` steps, then cosine from 1 to min_ratio at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """Everything for one training run; `run()` is the loop. Built in the order of the module docstring."""
+
+    def __init__(self, params: Params, data_dir: str | Path):
+        tp, base = params.train, params.base
+        self.params, self.tp = params, tp
+        check_params(tp)
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.target_device = resolve_device(tp.target_device, "target_device", local_rank, tp.gpus_per_process)
+        self.device = resolve_device(tp.drafter_device, "drafter_device", local_rank, tp.gpus_per_process)
+        on_gpu = self.device.type == "cuda"
+        self.dtype = _DTYPES[tp.dtype] if tp.dtype != "auto" else (torch.bfloat16 if on_gpu else torch.float32)
+        self.backend = tp.attention if tp.attention != "auto" else ("flex" if on_gpu else "sdpa")
+        if self.backend == "flex" and not on_gpu:
+            raise UserError("train.attention: flex_attention has no backward pass on CPU; use sdpa (or auto)")
+
+        # 1. config only: bad drafter params fail here, before any weights are read
+        target_cfg = target_config_dict(base.target_dir, base.trust_remote_code)
+        tokenizer = target_tokenizer(base.target_dir, base.trust_remote_code)
+        self.cfg = build_drafter_config(params.drafter, target_cfg, tokenizer)
+        if tp.max_length + self.cfg.block_size > self.cfg.max_position_embeddings:
+            raise UserError(
+                f"train.max_length: {tp.max_length} + block_size exceeds drafter.max_position_embeddings "
+                f"{self.cfg.max_position_embeddings}"
+            )
+        # 2. data: index and epoch plans (metadata only)
+        self.index: DocIndex = scan_shards(data_dir, tp.max_length, self.cfg.vocab_size, self.cfg.mask_token_id)
+        if not len(self.index.usable):
+            raise UserError(f"{data_dir}: no document has an anchor candidate (two adjacent supervised tokens)")
+        self.rows_per_step = tp.batch_size * tp.grad_accum_steps * self.world
+        self._plan_cache: tuple[int, list] = (-1, [])
+        rows_per_epoch = [len(self.rows(e)) for e in range(tp.epochs)]  # plans are cheap: metadata only
+        self.packing_efficiency = packing_efficiency(self.index, self.rows(0), tp.max_tokens_per_row)
+        self.steps_per_epoch = [n // self.rows_per_step for n in rows_per_epoch]
+        self.total_steps = sum(self.steps_per_epoch)
+        if self.steps_per_epoch[0] == 0:
+            raise UserError(
+                f"train.batch_size: an epoch packs {rows_per_epoch[0]} rows, fewer than one optimizer step takes "
+                f"({self.rows_per_step} = batch_size x grad_accum_steps x {self.world} processes)"
+            )
+        self.seed = base.seed
+        key = {
+            "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL},
+            "rows_per_step": self.rows_per_step,
+            "drafter": config_dict(self.cfg),
+            "seed": base.seed,
+            "compute": {"device": self.device.type, "dtype": str(self.dtype), "attention": self.backend},
+            "target": target_identity(base.target_dir, target_cfg),
+            "data": self.index.fingerprint(),
+        }
+        if self.world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
+        self.ckpt_dir = checkpoint.config_folder(Path(tp.out) / "checkpoints", key, write=self.rank == 0)
+        self._barrier()
+
+        # 3. the target (weights) and its shared frozen modules
+        target = load_target_model(base.target_dir, self.dtype, self.target_device, base.trust_remote_code)
+        self.features = TargetFeatures(
+            target, self.cfg.target_layer_ids, self.cfg.num_target_layers, tp.target_batch_tokens
+        )
+        embed = target.get_input_embeddings()
+        self.embed = embed if self.target_device == self.device else copy.deepcopy(embed).to(self.device)
+        self.head = LMHead.from_linear(target.get_output_embeddings(), self.device)
+        if self.head.num_zero:
+            log.info(
+                "lm_head: %d of %d rows are exactly zero; exact reduced softmax",
+                self.head.num_zero,
+                self.head.vocab_size,
+            )
+        self.slot_w = slot_weights(self.cfg.block_size, tp.loss_gamma).to(self.device)
+
+        # 4. drafter (fp32 master weights), optimizer, schedule
+        torch.manual_seed(base.seed)
+        self.model = build_drafter(self.cfg, device=self.device, dtype=torch.float32)
+        self.ddp = None
+        if self.world > 1:
+            ids = [self.device.index] if on_gpu else None
+            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        module = self.ddp or self.model
+        self.forward = torch.compile(module, dynamic=True) if tp.compile else module
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=tp.lr, betas=tuple(tp.adam_betas), weight_decay=tp.weight_decay
+        )
+        self.warmup = math.ceil(tp.warmup_ratio * self.total_steps)
+        total, warm, floor = self.total_steps, self.warmup, tp.min_lr_ratio
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, total, warm, floor))
+        self.step = 0
+        self.history: list[dict] = []
+        self._reader = ShardReader(self.index)
+
+    # ------------------------------------------------------------------------------------------- data
+    def rows(self, epoch: int) -> list:
+        """The epoch's packed rows (data.epoch_rows), one epoch cached."""
+        if self._plan_cache[0] != epoch:
+            plan = epoch_rows(self.index, self.params.base.seed, epoch, self.tp.max_tokens_per_row, self.tp.pack_window)
+            self._plan_cache = (epoch, plan)
+        return self._plan_cache[1]
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """Global optimizer step -> (epoch, step inside the epoch)."""
+        for epoch, n in enumerate(self.steps_per_epoch):
+            if step < n:
+                return epoch, step
+            step -= n
+        raise IndexError("step past the last epoch")
+
+    def micro_batches(self, step: int) -> list:
+        """This process's micro-steps of a global step (module docstring)."""
+        epoch, i = self.locate(step)
+        rows = self.rows(epoch)[i * self.rows_per_step : (i + 1) * self.rows_per_step]
+        b = self.tp.batch_size
+        out = []
+        for m in range(self.tp.grad_accum_steps):
+            j = (m * self.world + self.rank) * b
+            out.append(
+                (
+                    m * self.world + self.rank,
+                    make_batch(rows[j : j + b], self._reader, self.tp.num_anchors, self.seed, epoch),
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------------------------------- step
+    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            torch.distributed.all_reduce(t)
+        return t
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def compute_gradients(self, step: int) -> dict:
+        """Forward + backward of every micro-step of `step`; leaves the (all-reduced) gradients in the drafter."""
+        c, dev = self.cfg, self.device
+        micro = self.micro_batches(step)
+        prepared = []
+        for index, b in micro:
+            ids, mask, docs = b.input_ids.to(dev), b.loss_mask.to(dev), b.doc_ids.to(dev)
+            anchors = b.anchors.to(dev)
+            labels, valid = block_labels(ids, mask, anchors, c.block_size, docs)
+            prepared.append((index, b, ids, docs, anchors, labels, valid))
+        local_w = sum(valid_weight_sum(p[6], self.slot_w) for p in prepared)
+        stats = torch.tensor([local_w, sum(p[1].num_tokens for p in prepared)], dtype=torch.float64, device=dev)
+        global_w, tokens = self._reduce(stats).tolist()
+        normaliser = global_w / self.world  # DDP averages gradients over processes: undo it
+        self.opt.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        correct = torch.zeros(c.block_size, dtype=torch.long, device=dev)
+        counted = torch.zeros_like(correct)
+        autocast = torch.autocast(dev.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
+        for n, (index, b, ids, docs, anchors, labels, valid) in enumerate(prepared):
+            feats = self.features(b.input_ids, b.doc_starts, b.doc_lengths).to(dev, non_blocking=True)  # (S, K*H)
+            if self.tp.feature_noise > 0:
+                g = torch.Generator(dev).manual_seed(_mix(self.seed, step, index))
+                noise = torch.rand(feats.shape, generator=g, device=dev, dtype=torch.float32)
+                feats = feats + ((noise * 2 - 1) * self.tp.feature_noise).to(feats.dtype)
+            with torch.no_grad():
+                block_embeds = self.embed(block_input_ids(ids, anchors, c.block_size, c.mask_token_id))  # (N*B, H)
+            sync = self.ddp is None or n == len(prepared) - 1
+            with nullcontext() if sync else self.ddp.no_sync():
+                # masks are built outside the (optionally compiled) drafter: one compiled BlockMask builder
+                masks = build_masks(
+                    c.layer_types, anchors, ids.numel(), c.block_size, c.sliding_window, docs, self.backend
+                )
+                with autocast:
+                    hidden = self.forward(
+                        feats, block_embeds, anchors, docs, b.position_ids.to(dev), self.backend, masks
+                    )
+                out = decayed_ce(
+                    hidden,
+                    labels,
+                    valid,
+                    self.head,
+                    self.slot_w,
+                    normaliser,
+                    self.tp.logits_chunk_blocks * c.block_size,
+                )
+                out.loss.backward()
+            loss_sum += out.loss.detach().double() / self.world
+            correct += out.correct
+            counted += out.counted
+        packed = self._reduce(torch.cat([loss_sum[None], correct.double(), counted.double()]))
+        return {
+            "loss": float(packed[0]),
+            "correct": [int(x) for x in packed[1 : 1 + c.block_size]],
+            "counted": [int(x) for x in packed[1 + c.block_size :]],
+            "tokens": int(tokens),
+            "weight": global_w,
+        }
+
+    def optimizer_step(self) -> float:
+        clip = self.tp.grad_clip if self.tp.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.opt.step()
+        self.sched.step()
+        return float(norm)
+
+    # ------------------------------------------------------------------------------------------- state
+    def state(self) -> dict:
+        epoch, i = self.locate(self.step) if self.step < self.total_steps else (self.tp.epochs, 0)
+        return {
+            "step": self.step,
+            "epoch": epoch,
+            "epoch_step": i,
+            "total_steps": self.total_steps,
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": checkpoint.rng_state(),
+            "history": checkpoint.pack_history(self.history),
+        }
+
+    def save(self) -> None:
+        if self.rank == 0:
+            info = checkpoint.run_info(as_dict(self.params), {"world_size": self.world, "step": self.step})
+            path = checkpoint.save(
+                self.ckpt_dir, self.step, self.model.state_dict(), self.state(), info, self.tp.keep_checkpoints
+            )
+            log.info("checkpoint %s", path)
+        self._barrier()
+
+    def resume(self) -> bool:
+        path = checkpoint.latest(self.ckpt_dir)
+        if path is None:
+            return False
+        weights, state = checkpoint.load(path, self.device)
+        if state["total_steps"] != self.total_steps:
+            raise RuntimeError(f"{path}: planned {state['total_steps']} steps, this run plans {self.total_steps}")
+        self.model.load_state_dict(weights, strict=True)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.history = int(state["step"]), checkpoint.unpack_history(state["history"])
+        log.info("resumed from %s: %s", path, checkpoint.describe(state))
+        return True
+
+    # ------------------------------------------------------------------------------------------- loop
+    def run(self) -> dict:
+        """Train from the latest checkpoint (if any) to the end (or train.max_steps); export when done."""
+        from dflash.train.log import TrainLog
+
+        resumed = self.resume()
+        end = self.total_steps if not self.tp.max_steps else min(self.total_steps, self.tp.max_steps)
+        logger = TrainLog(self, enabled=self.rank == 0, end=end)
+        logger.replay(self.history)
+        t0 = time.perf_counter()
+        while self.step < end:
+            epoch, i = self.locate(self.step)
+            t = time.perf_counter()
+            metrics = self.compute_gradients(self.step)
+            lr = self.sched.get_last_lr()[0]
+            metrics["grad_norm"] = self.optimizer_step()
+            self.step += 1
+            metrics.update(step=self.step, epoch=epoch, lr=lr, seconds=time.perf_counter() - t)
+            self.history.append(metrics)
+            logger.update(metrics)
+            epoch_end = i + 1 == self.steps_per_epoch[epoch]
+            every = self.tp.checkpoint_every and self.step % self.tp.checkpoint_every == 0
+            if every or epoch_end or self.step == end:
+                self.save()
+        logger.close()
+        summary = self.summary(time.perf_counter() - t0, resumed)
+        if self.step == self.total_steps:
+            self.export()
+        return summary
+
+    def close(self) -> None:
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    def export(self) -> Path:
+        from dflash.core.io import write_json
+        from dflash.drafter.export import save_drafter
+
+        out = Path(self.tp.out) / "drafter"
+        if self.rank == 0:
+            dtype = _DTYPES[self.tp.export_dtype] if self.tp.export_dtype != "auto" else self.dtype
+            model = copy.deepcopy(self.model).to(dtype)
+            save_drafter(model, self.cfg, out)
+            write_json(out / "run_info.json", checkpoint.run_info(as_dict(self.params), {"steps": self.step}))
+        self._barrier()
+        return out
+
+    def summary(self, seconds: float, resumed: bool) -> dict:
+        last_epoch = [h for h in self.history if h["epoch"] == self.history[-1]["epoch"]] if self.history else []
+        correct = [sum(h["correct"][k] for h in last_epoch) for k in range(1, self.cfg.block_size)]
+        counted = [sum(h["counted"][k] for h in last_epoch) for k in range(1, self.cfg.block_size)]
+        acc = [a / n if n else 0.0 for a, n in zip(correct, counted, strict=True)]
+        tail = self.history[-max(1, len(last_epoch)) :]
+        run_tokens = sum(h["tokens"] for h in self.history)
+        run_seconds = sum(h["seconds"] for h in self.history)
+        return {
+            "completed": self.step == self.total_steps,
+            "resumed": resumed,
+            "steps": self.step,
+            "total_steps": self.total_steps,
+            "epochs": self.tp.epochs,
+            "world_size": self.world,
+            "device": str(self.device),
+            "target_device": str(self.target_device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention": self.backend,
+            "documents": int(len(self.index.length)),
+            "documents_used": int(len(self.index.usable)),
+            "train_tokens_per_epoch": int(self.index.length[self.index.usable].sum()),
+            "packing_efficiency": self.packing_efficiency,
+            "rows_per_step": self.rows_per_step,
+            "drafter_params": count_parameters(self.model),
+            "lm_head_zero_rows": self.head.num_zero,
+            "first_loss": self.history[0]["loss"] if self.history else None,
+            "final_loss": sum(h["loss"] for h in tail) / len(tail) if tail else None,
+            "final_accuracy_by_position": acc,
+            "final_tau_hat": tau_hat(acc),
+            "tokens_per_s": run_tokens / run_seconds if run_seconds else None,
+            "wall_seconds": seconds,
+            "checkpoint_dir": str(self.ckpt_dir),
+        }
+
+
+def _mix(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across runs and processes)."""
+    h = 0
+    for p in parts:
+        h = (h * 1_000_003 + int(p) + 1) % (1 << 63)
+    return h
+
+
+def train(params: Params, data_dir: str | Path) -> dict:
+    """Build a Trainer, run it, return the summary (module docstring)."""
+    trainer = Trainer(params, data_dir)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
+
+
+__all__ = ["OPERATIONAL", "Trainer", "check_params", "lr_factor", "resolve_device", "train"]
