@@ -2,7 +2,7 @@
 
 Generates N synthetic OpenAI-`messages` JSONL conversations (single- and multi-turn, system prompts,
 tool calls, ~30% placeholder answers, ~2% duplicate prompts, a few malformed lines), audits them with
-`dflash.audit.run_audit` (no tokenizer: the token path is optional and reported separately), then
+`dflash.audit.run.run_audit` (no tokenizer: the token path is optional and reported separately), then
 runs a naive loop (json.loads, normalize, the same checks, canonical JSON, sha256 id, dedup, Arrow
 output) over the first --naive-rows rows, and prints rows/s for both and the ratio.
 

@@ -50,9 +50,11 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from dflash.core.processes import place_engine_core
     from dflash.generate.engines import engine_kwargs
 
     g = params.generate
+    place_engine_core(g.engine_core_process)  # the same engine placement as the stage's workers
     llm = LLM(**engine_kwargs(g, target, "", params.base.seed, False))
     s = g.sampling
     sp = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)

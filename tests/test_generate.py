@@ -222,6 +222,18 @@ def test_sigkill_and_resume_loses_and_duplicates_nothing(workspace, tiny_target,
     assert not differ, f"{len(differ)} of {len(rows)} completions differ: {differ[:5]}"
 
 
+def _engine_processes() -> set[int]:
+    """pids of running vLLM engine processes (vLLM names them VLLM::EngineCore, VLLM::Worker...)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        text = f"{proc.info['name']} {' '.join(proc.info['cmdline'] or [])}"
+        if "VLLM::" in text:
+            found.add(proc.info["pid"])
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_target, sample_conversations):
@@ -229,10 +241,15 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     (ws / "audit").mkdir(parents=True)
     convs = sample_conversations[:12]
     write_conversations(ws / "audit" / "conversations.arrow", convs)
-    cmd = _stage_cmd(ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1")
+    # vLLM's own engine-core processes (the GPU setting): a dead worker's engine cores must not be left running
+    cmd = _stage_cmd(
+        ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1", "generate.engine_core_process=true"
+    )
     env = {**os.environ, contract.CRASH_ENV: "1"}  # the worker dies whenever it receives unit 1
+    before = _engine_processes()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 1
+    assert not _engine_processes() - before, "engine-core processes left running after the stage exited"
     assert "unit-00001" in out.stderr and "failed after retries" in out.stderr
     m = read_json(ws / "reports" / "generate_details.json")
     bad = gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)[1]

@@ -23,7 +23,7 @@ from typing import Any
 
 from dflash.core.errors import UserError
 from dflash.core.params import EvalParams
-from dflash.core.processes import kill_tree, shutdown_engine
+from dflash.core.processes import kill_tree, place_engine_core, shutdown_engine
 
 WARMUP_TOKENS = 8
 COUNTERS = {
@@ -167,8 +167,9 @@ def _measure(cfg: dict) -> tuple[Any, dict]:
 
 def _engine_worker(cfg: dict, outbox: mp.Queue) -> None:
     """Worker process: one engine configuration, result or traceback on `outbox`, then a hard exit that
-    kills vLLM's engine-core children (dflash.engines.shutdown_engine)."""
+    kills vLLM's engine-core children (dflash.core.processes.shutdown_engine)."""
     logging.basicConfig(level=logging.WARNING)
+    place_engine_core(cfg["engine_core_process"])
     llm, code = None, 0
     try:
         llm, result = _measure(cfg)

@@ -1,5 +1,5 @@
 """PyTorch reference evaluator: DFlash speculative decoding at temperature 0 with the transformers target
-and our drafter (`dflash.model.DraftSession`), docs/design.md section 6. No vLLM here.
+and our drafter (`dflash.drafter.session.DraftSession`), docs/design.md section 6. No vLLM here.
 
 It is the independent check of what the serving engine measures: the same prompts, the same output
 budget and stop tokens, the same counting (one "draft" per verification cycle; position k accepted when

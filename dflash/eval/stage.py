@@ -186,6 +186,7 @@ def run(params: Params) -> EvalRun:
                 "temperature": e.temperature,
                 "seed": params.base.seed,
                 "stop_ids": stops,
+                "engine_core_process": e.engine_core_process,
             }
             log.info("eval: engine %s (speculative_config %s)", name, spec)
             engines[name] = {"speculative_config": spec, **run_engine(name, cfg, e.engine_timeout_s)}

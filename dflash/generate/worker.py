@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from dflash.core.contracts import GENERATED_SCHEMA
 from dflash.core.io import write_arrow
-from dflash.core.processes import shutdown_engine
+from dflash.core.processes import place_engine_core, shutdown_engine
 from dflash.generate.contract import (
     CRASH_ENV,
     Exited,
@@ -72,6 +72,7 @@ def _worker_loop(engine_index: int, cfg: WorkerConfig, inbox: mp.Queue, outbox: 
     devices = cfg.devices
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    place_engine_core(cfg.gparams.engine_core_process)
     logging.basicConfig(level=logging.WARNING)
     from vllm import LLM, SamplingParams
     from vllm import __version__ as vllm_version
