@@ -42,16 +42,10 @@ HEADLINE = (  # reports/audit.json, the DVC metrics; the plan reads num_conversa
     "num_conversations",
     "placeholder_response_frac",
     "response_length_spike_frac",
-    "response_length_spike_value",
     "repeated_response_frac",
     "duplicate_prompt_frac",
-    "malformed_frac",
-    "rejected_frac",
-    "tool_call_frac",
-    "multi_turn_frac",
     "mean_prompt_tokens",
     "gate_failed",
-    "rows_per_s",
     "target_signature",
 )
 

@@ -3,7 +3,7 @@
 Parameter names are the upstream Qwen3 / z-lab ones (`self_attn.q_proj`, `mlp.gate_proj`,
 `input_layernorm`, ...) so that a plain `state_dict()` is the exported checkpoint.
 
-Legend (no batch dimension; see dflash/model.py for the full contract):
+Legend (no batch dimension; see dflash/drafter/model.py for the full contract):
   S  context positions       Q  query slots (N*B in training, B at inference)
   H  hidden size             nh / nkv  query / KV heads     hd  head_dim
 """

@@ -1,7 +1,8 @@
-"""The DFlash drafter: config from params + target, validation, training forward, inference drafting.
+"""The DFlash drafter's trainable body and its training forward, the block inputs and labels.
 
-Spec: docs/design.md sections 4 (architecture), 7 (export) and 6 (inference). Masks live in
-dflash/masks.py, layers in dflash/layers.py, the z-lab checkpoint format in dflash/export.py.
+Spec: docs/design.md sections 4 (architecture), 7 (export) and 6 (inference). The config and its validation
+live in dflash/drafter/geometry.py, masks in dflash/drafter/masks.py, layers in dflash/drafter/layers.py,
+inference drafting in dflash/drafter/session.py, the z-lab checkpoint format in dflash/drafter/export.py.
 
 Legend (one packed row, no batch dimension; several documents may share the row):
   S   context positions of the row (target tokens)     K   number of target features (len(target_layer_ids))

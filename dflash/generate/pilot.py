@@ -15,22 +15,15 @@ from dflash.generate.dispatch import DispatchResult
 
 PILOT_HEADLINE = (  # reports/pilot.json, the DVC metrics the plan reads (everything: reports/pilot_details.json)
     "pilot_prompts",
-    "num_completed",
-    "num_failed",
     "num_engines",
     "output_tokens_per_s",
-    "prompt_tokens_per_s",
     "mean_output_tokens",
     "p10_output_tokens",
     "p50_output_tokens",
     "p90_output_tokens",
-    "p99_output_tokens",
     "finish_length_frac",
     "missing_think_end_frac",
-    "full_run_prompts",
-    "estimated_total_output_tokens",
     "estimated_total_hours",
-    "generation_wall_s",
     "target_signature",
 )
 

@@ -70,18 +70,11 @@ HEADLINE = (  # reports/generate.json, the DVC metrics (everything else: reports
     "num_skipped",
     "num_failed",
     "output_tokens",
-    "prompt_tokens",
     "output_tokens_per_s",
     "mean_output_tokens",
-    "p50_output_tokens",
     "p90_output_tokens",
-    "p99_output_tokens",
     "finish_length_frac",
     "missing_think_end_frac",
-    "num_units",
-    "units_reused",
-    "num_engines",
-    "generation_wall_s",
     "target_signature",
 )
 

@@ -98,23 +98,18 @@ GATE_FIXES = {
     "truncated, or relax the tokenize filters",
 }
 HEADLINE = (  # reports/tokenize.json, the DVC metrics; the plan reads train_samples / train_tokens / train_loss_tokens
-    "num_input",
     "num_samples",
     "num_dropped",
-    "dropped_frac",
     "train_samples",
     "eval_samples",
-    "eval_conversations",
     "total_tokens",
     "loss_tokens",
-    "loss_token_frac",
     "train_tokens",
     "train_loss_tokens",
-    "mean_tokens",
+    "loss_token_frac",
     "loss_mask_sum_mode",
     "loss_mask_sum_mode_frac",
     "gate_failed",
-    "tokens_per_s",
     "target_signature",
 )
 HISTOGRAM_FILE = "tokenize_loss_mask_sums.csv"

@@ -5,7 +5,7 @@ dvclive step numbered by the optimizer step:
   train/loss, train/grad_norm   means over the interval      train/lr          at the interval's last step
   train/tokens_per_s            real tokens / wall seconds   train/epoch       epoch of the last step
   acc/pos_k (k = 1..B-1)        valid slot-k labels equal to the full-vocabulary argmax / valid slot-k labels
-  train/tau_hat                 1 + sum_k prod_{j<=k} acc_j (dflash/loss.py)
+  train/tau_hat                 1 + sum_k prod_{j<=k} acc_j (dflash/train/loss.py)
 At the end, plots/custom/accuracy_by_position.json holds acc_k of the last epoch. A resumed run starts the
 dvclive folder afresh and replays the checkpoint's history first, so the files never hold steps that the
 checkpoint does not (a killed run may have logged past its last checkpoint). `train.live_dir: ""` turns

@@ -78,7 +78,6 @@ OPERATIONAL = (
 HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/train_details.json)
     "completed",
     "steps",
-    "total_steps",
     "epochs",
     "first_loss",
     "final_loss",
@@ -86,10 +85,6 @@ HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/
     "tokens_per_s",
     "packing_efficiency",
     "drafter_params",
-    "rows_per_step",
-    "world_size",
-    "documents_used",
-    "train_tokens_per_epoch",
     "wall_seconds",
 )
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
