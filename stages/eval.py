@@ -2,9 +2,10 @@
 prompts, beside the PyTorch reference evaluator, an untrained drafter, vLLM's n-gram drafter and plain decoding.
 
 Inputs: the exported drafter `${train.out}/drafter`, the target in `${base.target_dir}`, the tokenize stage's eval
-shards `${tokenize.out}/eval/shard-*.arrow`. Outputs: `reports/eval.json` (tau, tau_reference, tau_untrained,
-tau_ngram, acceptance_per_position, speedup, num_prompts, ...), `reports/eval.md`, `reports/eval_acceptance.csv`.
-Each engine configuration in `eval.engines` starts its own vLLM engine (~30 s each on CPU).
+shards `${tokenize.out}/eval/shard-*.arrow`. Outputs: `reports/eval.json` (the headline: tau, tau_reference,
+tau_untrained, tau_ngram, acceptance per position, speedup, num_prompts, ...), `reports/eval_details.json` (per
+engine, the reference, goals, notes), `reports/eval.md`, `reports/eval_acceptance.csv`. Each engine configuration
+in `eval.engines` starts its own vLLM engine (~15 s each on this 2-core CPU with the core in the worker).
 
     python -m stages.eval --params params.yaml
     python -m stages.eval -S eval.engines='[dflash, none]' -S eval.reference=false   (fewer engines)

@@ -1,9 +1,9 @@
 """Stage `generate` (and `pilot`): regenerate every assistant turn with the target through real vLLM.
 
 Inputs: `${audit.out}/conversations.arrow` (the audit's kept conversations), the target in `${base.target_dir}`.
-Outputs: `${generate.out}/run-<hash>/unit-*.arrow` + `current.json`, metrics `reports/generate.json`;
+Outputs: `${generate.out}/run-<hash>/unit-*.arrow` + `current.json`, metrics `reports/generate.json` (+ `_details`);
 with `--pilot`: `${generate.pilot_out}/...` and `reports/pilot.json` (throughput, output lengths,
-extrapolated full-run tokens and hours). Resumable: re-running skips committed units.
+extrapolated full-run tokens and hours; + `reports/pilot_details.json`). Resumable: re-running skips committed units.
 
     python -m stages.generate --params params.yaml
     python -m stages.generate --params params.yaml --pilot
