@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 
 from dflash.core.io import write_arrow  # noqa: E402
-from dflash.core.params import load_params  # noqa: E402
+from dflash.core.loader import load_params  # noqa: E402
 from dflash.target.synthetic import PLACEHOLDERS, conversation  # noqa: E402
 
 ROLES = {"system", "user", "assistant", "tool"}

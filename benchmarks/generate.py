@@ -1,7 +1,7 @@
 """Benchmark: the generate stage vs a bare `vllm.LLM.generate` over the same prompts and engine settings.
 
 Both sides exclude engine start-up and time only generation: the stage's `output_tokens_per_s` in
-reports/generate.json (from the first engine ready to the last unit committed, dispatcher, rendering,
+reports/generate_details.json (from the first engine ready to the last unit committed, dispatcher, rendering,
 reasoning split and atomic shard writes included) against one bare `LLM.generate` call over the same
 token-id prompts with the same SamplingParams. Goal: stage >= 0.95x bare (overhead < 5%).
 
@@ -106,7 +106,7 @@ def main() -> None:
         for o in [*overrides, f"audit.out={ws / 'audit'}", f"generate.out={ws / 'gen'}", f"base.reports_dir={ws}"]:
             cmd += ["-S", o]
         subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        m = json.loads((ws / "generate.json").read_text())
+        m = json.loads((ws / "generate_details.json").read_text())
 
     bare = bare_tokens / bare_s
     stage = m["output_tokens_per_s"]

@@ -39,7 +39,7 @@ from pathlib import Path  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from dflash.core.io import list_shards, read_arrow, write_arrow, write_json  # noqa: E402
-from dflash.core.params import load_params  # noqa: E402
+from dflash.core.loader import load_params  # noqa: E402
 from dflash.target.synthetic import SYSTEMS, _task  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,9 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dflash.core.params import load_params  # noqa: E402
+from dflash.core.loader import load_params  # noqa: E402
+from dflash.core.target_config import load_target_arch  # noqa: E402
+from dflash.drafter.geometry import build_drafter_config  # noqa: E402
 from dflash.drafter.masks import build_masks  # noqa: E402
-from dflash.drafter.model import block_input_ids, block_labels, build_drafter, build_drafter_config  # noqa: E402
+from dflash.drafter.model import block_input_ids, block_labels, build_drafter  # noqa: E402
 from dflash.train.data import pack_best_fit  # noqa: E402
 from dflash.train.loss import LMHead, decayed_ce, slot_weights  # noqa: E402
 
@@ -73,11 +75,16 @@ def _time(fn, device: torch.device, repeats: int) -> tuple[float, float]:
 def attention(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     params = load_params(args.params, overlays=args.overlay)
-    target_cfg = {"hidden_size": args.hidden, "vocab_size": args.vocab, "num_hidden_layers": args.target_layers}
+    tiny = params.target.tiny  # only hidden size, vocabulary and layer count shape the drafter; the rest as the demo's
+    target_cfg = {
+        "hidden_size": args.hidden,
+        "vocab_size": args.vocab,
+        "num_hidden_layers": args.target_layers,
+        "num_attention_heads": tiny.num_attention_heads,
+        "intermediate_size": tiny.intermediate_size,
+    }
     if args.overlay:  # the overlay names a real target config (params/targets/...)
-        import json
-
-        target_cfg = json.loads(Path(params.plan.target_config).read_text())
+        target_cfg = load_target_arch(params.plan.target_config)
     cfg = build_drafter_config(params.drafter, target_cfg)
     hid, vocab, b = cfg.hidden_size, cfg.vocab_size, cfg.block_size
     bf16 = device.type == "cuda"

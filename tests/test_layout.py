@@ -211,3 +211,35 @@ def test_every_path_and_design_section_named_in_the_repo_exists():
             assert (REPO / path).exists() or (REPO / path).with_suffix("").exists(), f"{f}: names {path}, absent"
         for n in re.findall(r"docs/design\.md sections? (\d+)", text):
             assert int(n) in sections, f"{f}: cites docs/design.md section {n}, which does not exist"
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def test_every_name_imported_from_dflash_exists():
+    """`from dflash.x import y` anywhere (library, stages, benchmarks, tests; lazy imports included) names a
+    module or a top-level name that exists: a moved or renamed function fails here, not in a rarely-run script."""
+    for folder in ("dflash", "stages", "benchmarks", "tests"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(("dflash", "stages")):
+                    continue
+                assert node.module in MODULES, f"{path.relative_to(REPO)}:{node.lineno}: no module {node.module}"
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in MODULES:
+                        continue
+                    defined = _top_level_names(MODULES[node.module])
+                    assert alias.name in defined, (
+                        f"{path.relative_to(REPO)}:{node.lineno}: {node.module} has no {alias.name}"
+                    )
