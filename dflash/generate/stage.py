@@ -241,7 +241,9 @@ def run(params: Params, pilot: bool = False) -> dict:
         len(units) - len(todo),
         run_dir,
     )
-    stats = DispatchResult([], [], {}, 0, 0.0, 0.0)
+    stats = DispatchResult(  # every unit was committed by an earlier run: nothing to dispatch
+        failed_units=[], engine_start_s=[], per_engine={}, tokens_this_session=0, gen_wall_s=0.0, wall_s=0.0
+    )
     if todo:
         stats = dispatch(todo, _worker_cfg(params, run_dir, run_hash, info), g, total, done_prompts)
     summary = summarize(run_dir, units, stats.failed_units)
