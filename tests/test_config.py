@@ -10,11 +10,11 @@ import typing
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dflash.core.errors import ParamsError
 from dflash.core.loader import load_params, read_yaml
 from dflash.core.params import Params
+from dflash.core.yamlio import dump_yaml_text, load_yaml_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,9 +28,9 @@ def params_file(tmp_path, repo_root):
 
 
 def _edit(path, fn):
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml_text(path.read_text(), str(path))
     fn(data)
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(dump_yaml_text(data))
 
 
 def test_shipped_params_load(repo_root):
@@ -89,7 +89,7 @@ def test_wrong_types(params_file, path, value, expected):
 
 
 def test_float_accepts_int_and_exponent_strings(params_file):
-    # PyYAML reads 6e-4 as a string; DVC (YAML 1.2) reads it as a float. We agree with DVC.
+    # YAML 1.1 (PyYAML) reads 6e-4 as a string; DVC (YAML 1.2) reads it as a float. We read as DVC does.
     text = params_file.read_text().replace("lr: 3.0e-3", "lr: 6e-4")
     params_file.write_text(text)
     assert load_params(params_file).target.tiny.lr == pytest.approx(6e-4)
@@ -97,7 +97,8 @@ def test_float_accepts_int_and_exponent_strings(params_file):
 
 
 def test_overrides_apply_and_are_typed(params_file):
-    p = load_params(params_file, ["base.seed=7", "target.tiny.steps=3", "base.chat_template_kwargs={a: 1}"])
+    # a new key in a mapping needs ++ (dvc exp run -S refuses `base.chat_template_kwargs={a: 1}` too)
+    p = load_params(params_file, ["base.seed=7", "target.tiny.steps=3", "++base.chat_template_kwargs={a: 1}"])
     assert (p.base.seed, p.target.tiny.steps, p.base.chat_template_kwargs) == (7, 3, {"a": 1})
 
 
@@ -108,7 +109,7 @@ def test_overrides_apply_and_are_typed(params_file):
         ("seed=3", r"key must be section\.key"),
         ("base.sed=3", r"unknown key 'base\.sed'"),
         ("bsae.seed=3", r"no section 'bsae'"),
-        ("base.seed=[1", r"not valid YAML"),
+        ("base.seed=[1", r"-S base\.seed=\[1: not a valid -S value"),
         ("base.seed=abc", r"base\.seed: expected int, got str 'abc'"),
     ],
 )
@@ -133,7 +134,7 @@ def test_file_errors(tmp_path):
         load_params(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("base: [unclosed\n")
-    with pytest.raises(ParamsError, match=r"bad\.yaml: not valid YAML"):
+    with pytest.raises(ParamsError, match=r"bad\.yaml: line 2, column 1: not valid YAML"):
         read_yaml(bad)
     bad.write_text(textwrap.dedent("- a\n- b\n"))
     with pytest.raises(ParamsError, match=r"bad\.yaml: top level must be a mapping"):

@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
-from dflash.core.loader import load_params
+from dflash.core.loader import load_params, read_yaml
 
 
 def _lookup(data: dict, dotted: str):
@@ -19,11 +17,11 @@ def _lookup(data: dict, dotted: str):
 
 
 def _dvc(repo_root: Path) -> dict:
-    return yaml.safe_load((repo_root / "dvc.yaml").read_text())
+    return read_yaml(repo_root / "dvc.yaml", "dvc.yaml")  # DVC's own reading (YAML 1.2, duplicates refused)
 
 
 def test_every_params_key_in_dvc_yaml_exists(repo_root):
-    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = read_yaml(repo_root / "params.yaml")
     names = []
     for name, stage in _dvc(repo_root)["stages"].items():
         for entry in stage.get("params", []):
@@ -35,7 +33,7 @@ def test_every_params_key_in_dvc_yaml_exists(repo_root):
 
 
 def test_every_interpolation_resolves(repo_root):
-    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = read_yaml(repo_root / "params.yaml")
     text = (repo_root / "dvc.yaml").read_text()
     found = re.findall(r"\$\{([^}]+)\}", text)
     assert found
@@ -56,17 +54,6 @@ def test_each_stage_runs_its_own_module_and_depends_on_it(repo_root):
 
 
 def test_no_duplicate_keys_in_dvc_or_params_yaml(repo_root):
-    """yaml.safe_load keeps the last of two equal keys silently; DVC refuses the file. Catch it here."""
-
-    class Strict(yaml.SafeLoader):
-        pass
-
-    def mapping(loader, node):
-        keys = [loader.construct_object(k) for k, _ in node.value]
-        dup = {k for k in keys if keys.count(k) > 1}
-        assert not dup, f"duplicate key(s) {sorted(dup)} at line {node.start_mark.line + 1}"
-        return loader.construct_mapping(node)
-
-    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    """DVC refuses a file with two equal keys; so does our one YAML reading (a ParamsError naming the line)."""
     for name in ("dvc.yaml", "params.yaml"):
-        yaml.load((repo_root / name).read_text(), Loader=Strict)
+        read_yaml(repo_root / name, name)

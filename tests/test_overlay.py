@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dflash.core.errors import ParamsError
-from dflash.core.loader import load_params
+from dflash.core.loader import load_params, read_yaml
 from dflash.core.overlay import apply_overlay, apply_overlay_text, main
+from dflash.core.yamlio import load_yaml_text
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
 
@@ -49,21 +49,42 @@ def test_applying_twice_changes_nothing(repo_root, params_copy):
     assert params_copy.read_text() == once
 
 
-def test_values_read_back_identically_by_yaml_1_1_and_1_2(repo_root):
-    # Strings that a YAML 1.1 reader (PyYAML, the stages) would turn into bool / float / int if unquoted,
-    # and floats whose shortest repr PyYAML reads as a string.
+def _typed(value):
+    if isinstance(value, dict):
+        return {repr(_typed(k)): _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def test_after_writing_the_shipped_overlay_dvc_and_the_stages_read_the_same(repo_root, params_copy):
+    from dvc.utils.serialize import load_yaml
+
+    apply_overlay(params_copy, repo_root / OVERLAY)
+    assert _typed(read_yaml(params_copy)) == _typed(load_yaml(str(params_copy)))
+
+
+def test_values_read_back_identically_by_dvc_and_the_stages(repo_root, tmp_path):
+    # Strings that YAML 1.1 or 1.2 would turn into bool / float / int / date if unquoted, and small floats.
+    from dvc.utils.serialize import load_yaml
+
     text = (repo_root / "params.yaml").read_text()
     overlay = {
         "target": {"source": "yes", "revision": "1e3"},
-        "generate": {"quantization": "off", "sampling": {"stop": ["no", "12:30", "</s>"], "top_p": 1e-06}},
+        "audit": {"input": "2024-01-01", "out": "010", "tokenizer": "0x1f"},
+        "generate": {"quantization": "off", "sampling": {"stop": ["no", "12:30", "</s>", "~"], "top_p": 1e-06}},
         "drafter": {"rope_theta": 1e20, "rms_norm_eps": 1e-05},
         "base": {"chat_template_kwargs": {"preserve_thinking": True, "mode": "on"}},
     }
     new_text, _ = apply_overlay_text(text, overlay)
-    raw = yaml.safe_load(new_text)
+    raw = load_yaml_text(new_text, "params.yaml")
+    written = tmp_path / "params.yaml"
+    written.write_text(new_text)
+    assert _typed(raw) == _typed(load_yaml(str(written)))  # DVC reads what we read
+    assert raw["audit"] == {**raw["audit"], "input": "2024-01-01", "out": "010", "tokenizer": "0x1f"}
     assert raw["target"] == {**raw["target"], "source": "yes", "revision": "1e3"}
     assert raw["generate"]["quantization"] == "off"
-    assert raw["generate"]["sampling"]["stop"] == ["no", "12:30", "</s>"]
+    assert raw["generate"]["sampling"]["stop"] == ["no", "12:30", "</s>", "~"]
     assert raw["generate"]["sampling"]["top_p"] == 1e-06 and isinstance(raw["generate"]["sampling"]["top_p"], float)
     assert raw["drafter"]["rope_theta"] == 1e20 and raw["drafter"]["rms_norm_eps"] == 1e-05
     assert raw["base"]["chat_template_kwargs"] == {"preserve_thinking": True, "mode": "on"}
@@ -103,3 +124,15 @@ def test_gpu_overlay_describes_one_bf16_engine_per_gpu_in_thinking_mode(repo_roo
     assert g.sampling.max_tokens < g.max_model_len  # room for the prompt
     assert g.sampling.temperature > 0  # Qwen's thinking-mode sampling, not greedy (see the overlay's comment)
     assert p.drafter.mask_token_id == 248070 and p.drafter.block_size == 16
+
+
+def test_a_bad_value_is_reported_as_the_overlay_files_and_params_yaml_is_untouched(params_copy, tmp_path):
+    overlay = tmp_path / "gpu.yaml"
+    overlay.write_text("generate:\n  num_engines: four\n")
+    before = params_copy.read_text()
+    with pytest.raises(ParamsError, match=rf"^{overlay}: generate\.num_engines: expected int, got str 'four'$"):
+        apply_overlay(params_copy, overlay)
+    assert params_copy.read_text() == before
+    (tmp_path / "dir.yaml").mkdir()
+    assert main([str(tmp_path / "dir.yaml"), "--params", str(params_copy)]) == 2  # a folder: an error, no traceback
+    assert main([str(overlay), "--params", str(tmp_path)]) == 2

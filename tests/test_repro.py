@@ -29,8 +29,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash.core.loader import apply_overrides, from_dict
+from dflash.core.loader import apply_overrides, from_dict, read_yaml
 from dflash.core.metrics import MAX_SHOWN, shown_values
+from dflash.core.yamlio import dump_yaml_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -134,9 +135,9 @@ def out_hashes(repo: Path) -> dict[str, str]:
 
 
 def write_tiny_params(repo: Path, overrides: list[str]) -> None:
-    raw = apply_overrides(yaml.safe_load((repo / "params.yaml").read_text()), overrides, "tiny params")
+    raw = apply_overrides(read_yaml(repo / "params.yaml"), overrides, "tiny params")  # as dvc exp run -S would
     from_dict(raw, "tiny params")
-    (repo / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (repo / "params.yaml").write_text(dump_yaml_text(raw))  # YAML 1.2, read back as DVC and the stages read it
 
 
 def write_tiny_input(repo: Path) -> None:

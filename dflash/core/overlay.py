@@ -8,10 +8,11 @@ replaced whole, unknown keys are errors), checks the result strictly, and rewrit
 keeping its layout and every comment: only the values that change are touched. Applying the same overlay
 twice changes nothing.
 
-Values are written so that every YAML reader we use reads them back identically: strings double-quoted
-(a bare `yes` or `1e3` means something else to PyYAML's YAML 1.1 than to DVC's YAML 1.2), floats with a
-dot and a signed exponent (`1.0e-06`, which YAML 1.1 needs), lists and mappings in flow style as in
-params.yaml. The rewritten file is re-read with both PyYAML and ruamel and compared with the merge.
+Both readings are DVC's (dflash/core/yamlio.py: YAML 1.2 core schema, duplicate keys refused), and the
+rewrite is ruamel's round trip, so what DVC records is what the stages read. Values are written in
+params.yaml's style: strings double-quoted (so that no reader, not even a YAML 1.1 one, turns `yes` or
+`1e3` into something else), floats with a dot and a signed exponent (`1.0e-06`), lists and mappings in
+flow style. The rewritten file is read back with the one reading and must equal the merge.
 
 Command: python -m dflash.core.overlay params/gpu-qwen3.6-27b.yaml [--params params.yaml] [--check]
          (`make repro-gpu` runs it inside the container right before `dvc repro`; --check only reports)
@@ -27,11 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dflash.core.errors import ParamsError
 from dflash.core.io import atomic_write
 from dflash.core.loader import from_dict, merge_overlay, read_yaml
+from dflash.core.yamlio import load_yaml_text, read_text
 
 
 def _yaml():
@@ -54,7 +54,7 @@ def _represent_float(representer, value: float):
         text = repr(value)  # shortest text that reads back to the same float, e.g. "1e-06", "10000000.0"
         mantissa, e, exponent = text.partition("e")
         if e and "." not in mantissa:
-            text = f"{mantissa}.0e{exponent}"  # YAML 1.1 (PyYAML) reads "1e-06" as a string
+            text = f"{mantissa}.0e{exponent}"  # params.yaml's style (YAML 1.1 tools read "1e-06" as a string)
     return representer.represent_scalar("tag:yaml.org,2002:float", text)
 
 
@@ -133,13 +133,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def apply_overlay_text(params_text: str, overlay: dict, source: str = "overlay") -> tuple[str, list[str]]:
+def apply_overlay_text(
+    params_text: str, overlay: dict, source: str = "overlay", params_source: str = "params.yaml"
+) -> tuple[str, list[str]]:
     """params.yaml text + overlay mapping -> (new params.yaml text, list of "key: old -> new")."""
-    base = yaml.safe_load(params_text) or {}
+    base = load_yaml_text(params_text, params_source) or {}
     if not isinstance(base, dict):
-        raise ParamsError("params: top level must be a mapping of sections")
-    merged = merge_overlay(base, overlay, source)
-    from_dict(merged, f"params.yaml + {source}")  # strict schema check of the result before writing
+        raise ParamsError(f"{params_source}: top level must be a mapping of sections")
+    origins: dict = {(): params_source}
+    merged = merge_overlay(base, overlay, source, origins)
+    from_dict(merged, params_source, origins)  # strict schema check of the result before writing
 
     y = _yaml()
     doc = y.load(params_text)
@@ -149,23 +152,17 @@ def apply_overlay_text(params_text: str, overlay: dict, source: str = "overlay")
     y.dump(doc, out)
     text = out.getvalue()
 
-    # Internal invariant: both YAML readers (the stages' PyYAML, DVC's ruamel) read back the merge.
-    from ruamel.yaml import YAML
-
-    assert yaml.safe_load(text) == merged, "overlay: PyYAML reads the rewritten params differently"
-    assert _plain(YAML(typ="safe", pure=True).load(text)) == merged, "overlay: ruamel reads it differently"
+    # Internal invariant: the one reading (DVC's, the stages') reads back exactly the merge.
+    assert _same(load_yaml_text(text, params_source), merged), "overlay: the rewritten params read back differently"
     return text, changes
 
 
 def apply_overlay(params_path: str | Path, overlay_path: str | Path, check: bool = False) -> list[str]:
     """Merge `overlay_path` into the file `params_path` in place (unless `check`); return the changes."""
     params_path = Path(params_path)
-    overlay = read_yaml(overlay_path)
-    try:
-        text = params_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ParamsError(f"{params_path}: params file not found") from None
-    new_text, changes = apply_overlay_text(text, overlay, str(overlay_path))
+    overlay = read_yaml(overlay_path, "overlay file")
+    text = read_text(params_path)
+    new_text, changes = apply_overlay_text(text, overlay, str(overlay_path), str(params_path))
     if changes and not check:
         atomic_write(params_path, new_text)
     return changes
