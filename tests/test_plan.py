@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dflash.core import cli, target_config
-from dflash.core.errors import UserError
+from dflash.core.errors import ParamsError, UserError
 from dflash.core.loader import load_params
 from dflash.drafter import geometry
 from dflash.plan import estimate as plan
@@ -48,12 +49,13 @@ def _run_stage(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def _hardware_file(tmp_path: Path, **changes) -> str:
     """A copy of params/hardware.yaml with the rtx-pro-6000 profile changed (one file per change set)."""
-    import yaml
+    from dflash.core.loader import read_yaml
+    from dflash.core.yamlio import dump_yaml_text
 
-    data = yaml.safe_load(Path("params/hardware.yaml").read_text())
+    data = read_yaml("params/hardware.yaml")
     data["profiles"]["rtx-pro-6000"].update(changes)
     path = tmp_path / ("hardware-" + "-".join(f"{k}{v}" for k, v in changes.items()) + ".yaml")
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(dump_yaml_text(data))
     return str(path)
 
 
@@ -294,12 +296,13 @@ def test_bad_settings_name_the_param(tmp_path, capsys, override, expected):
 
 
 def test_bad_hardware_profile_names_the_key(tmp_path):
-    import yaml
+    from dflash.core.loader import read_yaml
+    from dflash.core.yamlio import dump_yaml_text
 
-    data = yaml.safe_load(Path("params/hardware.yaml").read_text())
+    data = read_yaml("params/hardware.yaml")
     del data["profiles"]["h200"]["bandwidth_tbps"]
     path = tmp_path / "hw.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(dump_yaml_text(data))
     with pytest.raises(UserError, match=r"profiles\.h200\.bandwidth_tbps: missing key"):
         plan_inputs.load_hardware(path)
 
@@ -383,3 +386,114 @@ def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
     audit["target_signature"] = target_signature(OVERLAY_TARGET_CONFIG)  # an audit run with the 27B's tokenizer
     (reports / "audit.json").write_text(json.dumps(audit))
     assert plan.make_plan(params)["dataset"]["num_prompts"] == 364
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 14 item 10: the plan refuses what train and generate refuse, before any estimate
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "message"),
+    [
+        # sizes (dflash/core/validate.py): before the fix a plan (negative hours) or a ZeroDivisionError
+        ("generate.tensor_parallel_size=0", "generate.tensor_parallel_size", "must be >= 1, got 0"),
+        ("train.batch_size=0", "train.batch_size", "must be >= 1, got 0"),
+        ("train.grad_accum_steps=0", "train.grad_accum_steps", "must be >= 1, got 0"),
+        ("train.max_length=0", "train.max_length", "must be >= 2, got 0"),
+        ("generate.unit_size=0", "generate.unit_size", "must be >= 1, got 0"),
+        ("generate.unit_size=-3", "generate.unit_size", "must be >= 1, got -3"),
+        ("train.epochs=-1", "train.epochs", "must be >= 1, got -1"),  # printed negative hours
+        ("train.num_anchors=0", "train.num_anchors", "must be >= 1, got 0"),
+        ("generate.max_num_seqs=0", "generate.max_num_seqs", "must be >= 1, got 0"),
+        ("generate.gpu_memory_utilization=1.5", "generate.gpu_memory_utilization", "must be in (0, 1], got 1.5"),
+        ("plan.train_assumptions.mfu=-0.35", "plan.train_assumptions.mfu", "must be in (0, 1], got -0.35"),
+        ("plan.generation.decode_mfu=0", "plan.generation.decode_mfu", "must be in (0, 1], got 0.0"),
+        ("plan.price_per_gpu_hour=-2", "plan.price_per_gpu_hour", "must be >= 0, got -2.0"),
+        ("plan.gpu_counts=[1, -4]", "plan.gpu_counts[1]", "must be >= 1, got -4"),
+        ("plan.num_gpus=-1", "plan.num_gpus", "must be >= 1, got -1"),
+    ],
+)
+def test_plan_refuses_bad_sizes_before_any_estimate(tmp_path, capsys, override, key, message):
+    params = _params(tmp_path, override)
+    with pytest.raises(ParamsError, match=re.escape(f"{key}: {message}")):
+        plan.make_plan(params)
+    code, out, err = _run_stage(["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", override], capsys)
+    assert code == 2 and f"{key}: {message}" in err and "Traceback" not in err
+    assert not (tmp_path / "plan.md").exists() and "# Plan" not in out
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("drafter.mask_token_id=248320", "drafter.mask_token_id: 248320 is outside the 248320 embedding rows"),
+        ("drafter.mask_token_id=-1", "drafter.mask_token_id: -1 is outside"),
+        ("drafter.target_layer_ids=[1, 16, 63]", "drafter.target_layer_ids: [1, 16, 63] includes the target's last"),
+        ("drafter.target_layer_ids=[16, 1, 31]", "drafter.target_layer_ids: [16, 1, 31] is not sorted"),
+        ("drafter.target_layer_ids=[1, 16, 16]", "drafter.target_layer_ids: [1, 16, 16] has duplicates"),
+        ("drafter.num_key_value_heads=0", "drafter.num_key_value_heads: must be >= 1, got 0"),
+    ],
+)
+def test_plan_refuses_the_drafter_train_refuses(tmp_path, override, message):
+    """The drafter geometry (dflash/drafter/geometry.py) is the same validator train runs."""
+    with pytest.raises(UserError, match=re.escape(message)):
+        plan.make_plan(_params(tmp_path, override))
+
+
+def _tiny_target_folder(tmp_path: Path, referenced: bool) -> tuple[Path, Path]:
+    """(target folder, tokenizer folder) as the target stage writes them: for the tiny target config.json + the
+    Qwen3 tokenizer in one folder; for a real local model (`referenced`) config.json + target.json naming the
+    model folder, which holds the tokenizer."""
+    import shutil
+
+    from dflash.target.build import QWEN3_VOCAB_ROWS, qwen3_tokenizer_dir
+
+    folder = tmp_path / "target"
+    folder.mkdir()
+    tok = tmp_path / "model" if referenced else folder
+    tok.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen3_tokenizer_dir() / name, tok / name)
+    if referenced:
+        (folder / "target.json").write_text(json.dumps({"source": str(tok), "model": str(tok), "revision": ""}))
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": QWEN3_VOCAB_ROWS,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, tok
+
+
+@pytest.mark.parametrize(
+    ("mask_token_id", "message"),
+    [
+        (100, "drafter.mask_token_id: 100 is the tokenizer's text token"),
+        (151645, "drafter.mask_token_id: 151645 ('<|im_end|>') is a special token the data uses"),
+        (151643, "drafter.mask_token_id: 151643 ('<|endoftext|>') is a special token the data uses"),
+    ],
+)
+@pytest.mark.parametrize("referenced", [False, True], ids=["tiny", "local-model"])
+def test_plan_checks_the_mask_token_against_the_targets_tokenizer(tmp_path, referenced, mask_token_id, message):
+    """Train refuses a mask token the data can hold (check_mask_token with the target's tokenizer); so does the
+    plan, reading the same tokenizer without transformers."""
+    target, tok = _tiny_target_folder(tmp_path, referenced)
+    overrides = [f"base.target_dir={target}", "drafter.target_layer_ids=[0, 1]"]
+    good = plan.make_plan(_params(tmp_path, *overrides, overlay=False))  # 151669 = len(tokenizer): unused
+    assert good["inputs"]["mask_token_checked_against"] == str(tok / "tokenizer.json")
+    with pytest.raises(UserError, match=re.escape(message)):
+        plan.make_plan(_params(tmp_path, *overrides, f"drafter.mask_token_id={mask_token_id}", overlay=False))
+
+
+def test_a_shipped_config_says_the_mask_token_was_checked_against_embedding_rows_only(tmp_path):
+    result = plan.make_plan(_params(tmp_path))
+    assert result["inputs"]["mask_token_checked_against"].startswith("the target's embedding rows only")

@@ -32,6 +32,7 @@ from dflash.core.errors import UserError
 from dflash.core.io import list_shards, read_arrow
 from dflash.core.params import EvalParams, Params
 from dflash.core.target_config import resolve
+from dflash.core.validate import check_eval
 from dflash.eval.engines import engine_kwargs, run_engine, speculative_config
 
 log = logging.getLogger(__name__)
@@ -144,17 +145,12 @@ class EvalRun:
 
 def run(params: Params) -> EvalRun:
     """The eval stage: every engine configuration, the reference, then the reports (written)."""
+    check_eval(params)  # dflash/core/validate.py: engine list and engine sizes (the rules generate's engines obey)
     from dflash.core.hf import load_tokenizer, target_config_dict
     from dflash.drafter.export import load_drafter
     from dflash.eval.report import build_report, write_reports
 
     e = params.eval
-    if "dflash" not in e.engines:
-        raise UserError(f"eval.engines: {e.engines} must include 'dflash' (the drafter under evaluation)")
-    if len(set(e.engines)) != len(e.engines):
-        raise UserError(f"eval.engines: {e.engines} has duplicates")
-    if e.temperature < 0:
-        raise UserError(f"eval.temperature: must be >= 0, got {e.temperature}")
     info = resolve(params.base.target_dir)
     target_config = target_config_dict(params.base.target_dir, params.base.trust_remote_code)
     tokenizer = load_tokenizer(info["model"], params.base.trust_remote_code, info.get("revision"))

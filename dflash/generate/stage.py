@@ -58,6 +58,7 @@ from dflash.core.loader import as_dict
 from dflash.core.metrics import write_metrics
 from dflash.core.params import Params
 from dflash.core.target_config import resolve, target_signature
+from dflash.core.validate import check_generate
 from dflash.generate.contract import Unit, WorkerConfig, count_prompts
 from dflash.generate.dispatch import DispatchResult, dispatch
 from dflash.generate.pilot import PILOT_HEADLINE, percentile, pilot_report
@@ -205,13 +206,12 @@ def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
 
 def run(params: Params, pilot: bool = False) -> dict:
     """The generate stage (or its pilot). Returns the metrics written to reports/."""
+    check_generate(params, pilot)  # dflash/core/validate.py: the engine sizes the plan refuses too
     g = params.generate
     info = resolve(params.base.target_dir)
     source = Path(params.audit.out) / CONVERSATIONS_FILE
     conversations = load_conversations(source)
     if pilot:
-        if g.pilot_samples <= 0:
-            raise UserError("generate.pilot_samples: must be > 0 for a pilot run")
         rng = random.Random(params.base.seed)
         conversations = rng.sample(conversations, min(g.pilot_samples, len(conversations)))
     identity = run_identity(params, info, params.base.target_dir)

@@ -22,8 +22,8 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
-from dflash.core.errors import UserError
 from dflash.core.target_config import TargetArch
+from dflash.core.validate import check_plan
 from dflash.drafter.geometry import build_drafter_config, config_dict, parameter_counts
 from dflash.plan import sizing
 from dflash.plan.generation import generation_estimate
@@ -32,6 +32,7 @@ from dflash.plan.inputs import (
     dataset_inputs,
     load_hardware,
     load_target,
+    load_tokenizer_facts,
     resolve_paths,
     select_gpu,
 )
@@ -40,14 +41,14 @@ from dflash.plan.training import train_inputs, training_estimate
 
 def make_plan(params: Any) -> dict:
     """Everything the report shows, as one JSON-able dict."""
+    check_plan(params)  # everything generate and train refuse about their sizes, before any estimate
     plan = params.plan
     paths = resolve_paths(plan, params.base)
     target = load_target(paths["target_config"])
-    drafter = build_drafter_config(params.drafter, target)
+    tokenizer = load_tokenizer_facts(paths["target_config"])
+    drafter = build_drafter_config(params.drafter, target, tokenizer)  # train's checks, its mask-token one included
     hw_file = plan.hardware_file
     hw = select_gpu(load_hardware(hw_file), plan.hardware, hw_file)
-    if plan.num_gpus < 1:
-        raise UserError("plan.num_gpus: must be >= 1")
     price = plan.price_per_gpu_hour or hw.price_per_gpu_hour
     signature = target.signature
     data = dataset_inputs(plan, paths, signature)
@@ -99,6 +100,9 @@ def make_plan(params: Any) -> dict:
         "summary": summary,
         "inputs": {
             "target_config": str(paths["target_config"]),
+            "mask_token_checked_against": str(tokenizer.folder / "tokenizer.json")
+            if tokenizer
+            else "the target's embedding rows only (no tokenizer.json beside the config)",
             "audit_json": str(paths["audit"]) if data["audit"] else None,
             "tokenize_json": str(paths["tokenize"]) if data["tokenize"] else None,
             "pilot_json": str(paths["pilot"]) if data["pilot"] else None,

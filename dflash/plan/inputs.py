@@ -2,7 +2,8 @@
 
 Each value carries where it came from (a file and key, or the param that stood in for it), so the
 report can say it. Files that do not exist yet fall back to `plan.dataset` params; a needed value
-that neither gives is a UserError naming the param. No torch (stdlib + yaml).
+that neither gives is a UserError naming the param. No torch (stdlib + dflash.core's YAML reading; `tokenizers` for the tokenizer
+beside the target's config, when there is one).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dflash.core.errors import UserError
-from dflash.core.target_config import TargetArch, load_target_arch
+from dflash.core.loader import read_yaml
+from dflash.core.target_config import TARGET_JSON, TargetArch, load_target_arch, read_config
 
 # --------------------------------------------------------------------------------------------
 # Hardware profiles
@@ -51,7 +51,7 @@ def load_hardware(path: str | Path) -> dict[str, GpuProfile]:
     path = Path(path)
     if not path.exists():
         raise UserError(f"plan.hardware_file: {path} does not exist")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = read_yaml(path, "GPU profiles file (plan.hardware_file)")  # DVC's YAML reading; ParamsError naming the file
     profiles = data.get("profiles")
     if not isinstance(profiles, dict) or not profiles:
         raise UserError(f"{path}: expected a top-level `profiles:` mapping of name -> profile")
@@ -60,7 +60,7 @@ def load_hardware(path: str | Path) -> dict[str, GpuProfile]:
         where = f"{path}: profiles.{key}"
         if not isinstance(prof, dict):
             raise UserError(f"{where}: expected a mapping")
-        unknown = sorted(set(prof) - set(_PROFILE_KEYS))
+        unknown = sorted(set(prof) - set(_PROFILE_KEYS), key=str)
         if unknown:
             raise UserError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(_PROFILE_KEYS)})")
         values = {}
@@ -74,8 +74,11 @@ def load_hardware(path: str | Path) -> dict[str, GpuProfile]:
                 raise UserError(f"{where}.{name}: expected {tp.__name__}, got {value!r}")
             values[name] = value
         for name in ("memory_gb", "bandwidth_tbps", "bf16_tflops"):
-            if values[name] <= 0:
-                raise UserError(f"{where}.{name}: must be > 0")
+            if not values[name] > 0:
+                raise UserError(f"{where}.{name}: must be > 0, got {values[name]}")
+        for name in ("interconnect_gbps", "price_per_gpu_hour"):
+            if not values[name] >= 0:
+                raise UserError(f"{where}.{name}: must be >= 0, got {values[name]}")
         out[key] = GpuProfile(key=key, **values)
     return out
 
@@ -139,6 +142,49 @@ def load_target(path: Path) -> TargetArch:
     if target.num_experts:
         raise UserError(f"{path}: num_experts: mixture-of-experts targets are not supported by the planner")
     return target
+
+
+class TokenizerFacts:
+    """What `dflash.drafter.geometry.check_mask_token` asks of a tokenizer (its length, added tokens, named special
+    ids, chat template), read from `tokenizer.json` + `tokenizer_config.json` with the `tokenizers` library: the
+    same verdict train reaches with transformers' tokenizer (tests/test_validate.py compares the two)."""
+
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+
+        from dflash.core.chat import read_chat_template
+
+        self.folder = folder
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.added_tokens_decoder = self._tok.get_added_tokens_decoder()
+        try:
+            self.chat_template, config = read_chat_template(folder)
+        except UserError:  # no template: nothing to compare the mask token's spelling with
+            config_path = folder / "tokenizer_config.json"
+            config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+            self.chat_template = ""
+        for name in ("eos", "bos", "pad", "unk"):
+            value = config.get(f"{name}_token")
+            value = value.get("content") if isinstance(value, dict) else value
+            setattr(self, f"{name}_token_id", self._tok.token_to_id(value) if isinstance(value, str) else None)
+
+    def __len__(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+
+def load_tokenizer_facts(target_config: Path) -> TokenizerFacts | None:
+    """The tokenizer train would use: beside the planned config.json (the tiny target's folder, a local model
+    folder), or in the local folder its target.json names (a real target the target stage referenced). None
+    for a config alone, such as params/targets/*.config.json or a hub id: the mask token is then checked
+    against the embedding rows only."""
+    folder = Path(target_config).parent
+    if not (folder / "tokenizer.json").exists() and (folder / TARGET_JSON).exists():
+        model = read_config(folder / TARGET_JSON).get("model")
+        folder = Path(model) if isinstance(model, str) and model else folder
+    return TokenizerFacts(folder) if (folder / "tokenizer.json").exists() else None
 
 
 def _same_target(data: dict | None, signature: str, path: Path, ignored: dict[str, str]) -> dict | None:

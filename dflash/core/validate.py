@@ -1,0 +1,167 @@
+"""The params checks every stage runs before any work: engine sizes, train sizes, plan inputs. One set of rules,
+so what train or generate would refuse the plan refuses too, before it estimates anything.
+
+Inputs: a `Params` (dflash.core.params). Outputs: nothing, or a ParamsError naming the full key and the rule
+(`generate.tensor_parallel_size: must be >= 1, got 0`). Pure params: no file is read, no library imported.
+
+    check_generate(params, pilot)  generate / pilot: the generate section (engine sizes, units, sampling)
+    check_eval(params)             eval: its engine list and engine sizes
+    check_train(params)            train: every train size, and train.max_length against the drafter's positions
+    check_plan(params)             plan: its own inputs + check_generate + check_train (the runs it prices)
+
+The drafter's geometry (heads, layer ids, mask token against the target) needs the target's config and stays
+in dflash/drafter/geometry.py (`build_drafter_config`), which plan, train and eval all call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dflash.core.errors import ParamsError
+from dflash.core.params import Params
+
+Rule = tuple[str, Callable[[Any], bool]]  # (what the value must be, in words; the test)
+
+
+def at_least(lo: int | float) -> Rule:
+    return f">= {lo}", lambda v: v >= lo
+
+
+POSITIVE: Rule = ("> 0", lambda v: v > 0)
+SHARE: Rule = ("in (0, 1]", lambda v: 0 < v <= 1)  # an efficiency, a memory fraction, a sampling mass
+
+
+def check(section: Any, prefix: str, rules: dict[str, Rule]) -> None:
+    """ParamsError `prefix.key: must be RULE, got VALUE` for the first key of `section` that breaks its rule.
+    NaN breaks every rule (each comparison is False)."""
+    for key, (words, ok) in rules.items():
+        value = getattr(section, key)
+        if not ok(value):
+            raise ParamsError(f"{prefix}.{key}: must be {words}, got {value!r}")
+
+
+# Engine sizes: the same names and rules in `generate` and `eval` (both start vLLM engines; the plan models
+# the generate engines from them).
+ENGINE = {
+    "max_model_len": at_least(1),
+    "max_num_seqs": at_least(1),
+    "max_num_batched_tokens": at_least(1),
+    "gpu_memory_utilization": SHARE,
+}
+GENERATE = {
+    "num_engines": at_least(1),
+    "tensor_parallel_size": at_least(1),
+    "unit_size": at_least(1),
+    "max_unit_retries": at_least(0),
+    "pilot_samples": at_least(0),
+    **ENGINE,
+}
+SAMPLING = {"temperature": at_least(0), "top_p": SHARE, "top_k": at_least(0), "max_tokens": at_least(1)}
+EVAL = {
+    "num_prompts": at_least(0),
+    "max_tokens": at_least(1),
+    "temperature": at_least(0),
+    "ngram_num_speculative_tokens": at_least(0),
+    "prompt_lookup_min": at_least(1),
+    "engine_timeout_s": at_least(1),
+    **ENGINE,
+}
+TRAIN = {
+    "max_length": at_least(2),
+    "pack_window": at_least(1),
+    "num_anchors": at_least(1),
+    "epochs": at_least(1),
+    "batch_size": at_least(1),
+    "grad_accum_steps": at_least(1),
+    "lr": POSITIVE,
+    "min_lr_ratio": ("in [0, 1]", lambda v: 0 <= v <= 1),
+    "warmup_ratio": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "weight_decay": at_least(0),
+    "grad_clip": at_least(0),
+    "loss_gamma": POSITIVE,
+    "logits_chunk_blocks": at_least(1),
+    "feature_noise": at_least(0),
+    "gpus_per_process": at_least(1),
+    "target_batch_tokens": at_least(1),
+    "checkpoint_every": at_least(0),
+    "keep_checkpoints": at_least(1),
+    "log_every": at_least(1),
+    "max_steps": at_least(0),
+}
+PLAN = {"num_gpus": at_least(1), "price_per_gpu_hour": at_least(0)}
+PLAN_DATASET = {  # > 0 where no metrics file replaces them: dflash/plan/inputs.py; the range: low <= mean <= high
+    "num_prompts": at_least(0),
+    "mean_prompt_tokens": at_least(0),
+    "mean_output_tokens": POSITIVE,
+    "output_tokens_low": POSITIVE,
+    "output_tokens_high": POSITIVE,
+}
+PLAN_GENERATION = {
+    "activation_reserve_gb": at_least(0),
+    "bandwidth_efficiency": SHARE,
+    "decode_mfu": SHARE,
+    "prefill_mfu": SHARE,
+    "output_length_cv": at_least(0),
+}
+PLAN_TRAIN = {
+    "num_gpus": at_least(0),
+    "split_target_gpus": at_least(1),
+    "mfu": SHARE,
+    "state_bytes_per_param": at_least(2),  # the bf16 weight alone is 2
+    "logits_chunk_blocks": at_least(1),
+    "runtime_reserve_gb": at_least(0),
+}
+
+
+def check_generate(params: Params, pilot: bool = False) -> None:
+    """The generate section (and, for a pilot, a pilot that samples something)."""
+    g = params.generate
+    check(g, "generate", GENERATE)
+    check(g.sampling, "generate.sampling", SAMPLING)
+    if pilot and g.pilot_samples < 1:
+        raise ParamsError(f"generate.pilot_samples: must be >= 1 for a pilot run, got {g.pilot_samples}")
+
+
+def check_eval(params: Params) -> None:
+    e = params.eval
+    if "dflash" not in e.engines:
+        raise ParamsError(f"eval.engines: {e.engines} must include 'dflash' (the drafter under evaluation)")
+    if len(set(e.engines)) != len(e.engines):
+        raise ParamsError(f"eval.engines: {e.engines} has duplicates")
+    check(e, "eval", EVAL)
+    if e.prompt_lookup_max < e.prompt_lookup_min:
+        raise ParamsError(
+            f"eval.prompt_lookup_max: must be >= eval.prompt_lookup_min {e.prompt_lookup_min}, got {e.prompt_lookup_max}"
+        )
+
+
+def check_train(params: Params) -> None:
+    """Every train size, the AdamW betas, and the longest document against the drafter's positions."""
+    t, d = params.train, params.drafter
+    check(t, "train", TRAIN)
+    if t.max_tokens_per_row < t.max_length:
+        raise ParamsError(
+            f"train.max_tokens_per_row: must be >= train.max_length {t.max_length}, got {t.max_tokens_per_row}"
+        )
+    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
+        raise ParamsError(f"train.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
+    if t.max_length + d.block_size > d.max_position_embeddings:
+        raise ParamsError(
+            f"train.max_length: {t.max_length} + drafter.block_size {d.block_size} exceeds "
+            f"drafter.max_position_embeddings {d.max_position_embeddings}"
+        )
+
+
+def check_plan(params: Params) -> None:
+    """The plan's own inputs, then everything generate and train would refuse (the plan prices those runs)."""
+    p = params.plan
+    check(p, "plan", PLAN)
+    for i, n in enumerate(p.gpu_counts):
+        if n < 1:
+            raise ParamsError(f"plan.gpu_counts[{i}]: must be >= 1, got {n}")
+    check(p.dataset, "plan.dataset", PLAN_DATASET)
+    check(p.generation, "plan.generation", PLAN_GENERATION)
+    check(p.train_assumptions, "plan.train_assumptions", PLAN_TRAIN)
+    check_generate(params)
+    check_train(params)
