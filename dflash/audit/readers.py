@@ -1,17 +1,26 @@
 """Raw conversation files -> one normalized layout, streamed chunk by chunk (pyarrow, no torch).
 
-Formats (one row = one conversation):
-- JSONL (`.jsonl`, or a `.json` that does not start with `[`): one JSON object per line. Row number =
-  1-based line number; blank lines are not rows.
-- JSON array (`.json` starting with `[`): row number = 0-based index in the array, read element by
-  element (bounded memory). A syntax error mid-array makes the rest unreadable: it becomes ONE
-  malformed row at the error's line.
-- Parquet (`.parquet`): row number = 0-based row index in the file.
+Formats (one row = one conversation; which files are inputs: dflash/audit/files.py):
+- JSONL (`.jsonl`, `.ndjson`, or a `.json` that does not start with `[`): one JSON object per line.
+  Row number = 1-based line number (`FILE:line N`); blank lines are not rows. Every other non-blank
+  line is exactly one row or one malformed rejection: a line that is not an object ("row is not a
+  JSON object"), two objects on a line ("extra data after the object at column N"), an object
+  pretty-printed over lines A-B (each of those lines: "looks like a pretty-printed JSON object
+  spanning lines A-B"), bad UTF-8, a lone surrogate escape, nesting too deep for the JSON reader.
+- JSON array (`.json` starting with `[`): dflash/audit/json_array.py (`FILE element N (line L)`).
+- Parquet (`.parquet`): row number = 0-based row index in the file (`FILE row N`).
+A file with no rows (0 bytes, whitespace only, `[]`, a 0-row table) yields one empty chunk marked
+`empty`; the first chunk lists the folder files that were skipped.
 What a row may hold, and the RAW layout every reader yields: dflash/audit/records.py.
 
-Fast path: JSONL chunks go through `pyarrow.json` with an explicit schema; a chunk that pyarrow
-refuses is bisected until the offending lines are found, and only those lines are read by Python
-(`coerce_record`), so one bad line costs microseconds, not a Python pass over the chunk.
+Fast path: JSONL chunks go through `pyarrow.json` with an explicit schema. Only lines that start with
+`{` and end with `}` (whitespace aside) reach pyarrow: such a line cannot continue on the next one
+(after a closing `}` no JSON container goes on with `{`; strings cannot hold a raw newline), so a
+parse yields one row per line unless a line holds two objects, which the row count reveals. Every
+other line (`null`, `1`, `[...]`, half an object...) goes to Python first: pyarrow 26 crashes
+(SIGSEGV) on a leading `null`. A chunk that pyarrow refuses is bisected until the offending lines
+are found, and only those lines are read by Python (`python_rows`), so one bad line costs
+microseconds, not a Python pass over the chunk.
 
 Parquet columns whose nested types fit the RAW layout are conformed by Arrow (fields matched by
 name, missing ones null); other shapes are read row by row with `coerce_record`.
@@ -21,8 +30,6 @@ dflash/audit/turns.py then turns a chunk into per-turn arrays.
 
 from __future__ import annotations
 
-import codecs
-import glob
 import json
 import os
 import queue
@@ -31,15 +38,15 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from dflash.audit.files import first_byte, input_kind, open_input, read_block, resolve_inputs, scan_inputs
+from dflash.audit.json_array import iter_json_array
 from dflash.audit.records import (
-    EXCERPT_CHARS,
     PARSE_SCHEMA,
     RAW_SCHEMA,
     Chunk,
@@ -47,39 +54,47 @@ from dflash.audit.records import (
     RowError,
     excerpt,
     python_rows,
+    row_ref,
+    too_deep,
     tools_json,
 )
 from dflash.core.errors import UserError
 
-INPUT_SUFFIXES = (".json", ".jsonl", ".parquet")
+__all__ = ["iter_chunks", "iter_json_array", "iter_jsonl", "iter_parquet", "prefetch", "resolve_inputs"]
 _TOOLS_KEY = re.compile(rb'"tools"\s*:')
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 # ------------------------------------------------------------------------------ input resolution
 
 
-def resolve_inputs(spec: str) -> list[Path]:
-    """A file, a folder (every .json/.jsonl/.parquet below it, sorted) or a glob -> files."""
-    path = Path(spec)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in INPUT_SUFFIXES)
-    else:
-        files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
-    if not files:
-        raise UserError(f"audit.input={spec!r}: no .json / .jsonl / .parquet files found")
-    return files
-
-
 def iter_chunks(spec: str, chunk_bytes: int) -> Iterator[Chunk]:
-    for path in resolve_inputs(spec):
-        if path.suffix == ".parquet":
-            yield from iter_parquet(path, chunk_rows=max(1000, chunk_bytes // 1024))
-        elif path.suffix == ".json" and _first_char(path) == b"[":
-            yield from iter_json_array(path, chunk_bytes)
-        else:
-            yield from iter_jsonl(path, chunk_bytes)
+    files, skipped = scan_inputs(spec)
+    if not files:
+        resolve_inputs(spec)  # raises the UserError naming what was found
+    skipped_names = [str(p) for p in skipped]
+    for path in files:
+        for chunk in _iter_file(path, chunk_bytes):
+            chunk.skipped, skipped_names = skipped_names, []
+            yield chunk
+
+
+def _iter_file(path: Path, chunk_bytes: int) -> Iterator[Chunk]:
+    """One file's chunks; a file without any row yields one chunk marked `empty`."""
+    kind = input_kind(path) or "jsonl"  # a file named explicitly is JSONL unless it says otherwise
+    if kind == "parquet":
+        chunks = iter_parquet(path, chunk_rows=max(1000, chunk_bytes // 1024))
+    elif first_byte(path) == b"[" and kind == "json":
+        chunks = iter_json_array(path, chunk_bytes)
+    else:
+        kind = "jsonl"
+        chunks = iter_jsonl(path, chunk_bytes)
+    rows = 0
+    for chunk in chunks:
+        rows += chunk.table.num_rows + len(chunk.malformed)
+        yield chunk
+    if rows == 0:
+        yield Chunk(str(path), RAW_SCHEMA.empty_table(), kind=kind if kind != "json" else "json", empty=True)
 
 
 def prefetch(chunks: Iterator[Chunk], depth: int = 1) -> Iterator[Chunk]:
@@ -116,21 +131,16 @@ def prefetch(chunks: Iterator[Chunk], depth: int = 1) -> Iterator[Chunk]:
         worker.join(timeout=5)
 
 
-def _first_char(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
-    return head[:1]
-
-
 # ------------------------------------------------------------------------------ JSONL
 
 
 def iter_jsonl(path: Path, chunk_bytes: int) -> Iterator[Chunk]:
     file, line_base, carry = str(path), 0, b""
-    with open(path, "rb") as fh:
+    chunk_bytes = max(1, chunk_bytes)
+    with open_input(path) as fh:
         first = True
         while True:
-            block = fh.read(chunk_bytes)
+            block = read_block(fh, chunk_bytes, file)
             data = carry + block
             if first:
                 data, first = (data[3:] if data.startswith(b"\xef\xbb\xbf") else data), False
@@ -148,33 +158,101 @@ def iter_jsonl(path: Path, chunk_bytes: int) -> Iterator[Chunk]:
             line_base += body.count(b"\n")
 
 
+class _Lines:
+    """One JSONL chunk: `body` (complete lines), each line's start / end ('\\n') and line number."""
+
+    def __init__(self, body: bytes, file: str, line_base: int) -> None:
+        self.body, self.file = body, file
+        buf = np.frombuffer(body, dtype=np.uint8)
+        self.ends = np.flatnonzero(buf == 10)
+        self.starts = np.concatenate(([0], self.ends[:-1] + 1)).astype(np.int64)
+        self.line_no = np.arange(1, len(self.ends) + 1, dtype=np.int64) + line_base
+        self.direct = np.zeros(len(self.ends), dtype=bool)  # lines read by Python, never by pyarrow
+
+    def raw(self, i: int) -> bytes:
+        return self.body[self.starts[i] : self.ends[i]]
+
+    def ref(self, i: int) -> str:
+        return row_ref("jsonl", self.file, int(self.line_no[i]))
+
+    def python(self, lines) -> Chunk:
+        return python_rows([(int(self.line_no[i]), self.raw(i)) for i in lines], self.file)
+
+
 def _jsonl_chunk(body: bytes, file: str, line_base: int) -> Chunk:
     """`body`: complete lines, each ending in '\\n'; line_base: lines before it in the file."""
+    c = _Lines(body, file, line_base)
     buf = np.frombuffer(body, dtype=np.uint8)
-    ends = np.flatnonzero(buf == 10)  # index of each line's '\n'
-    starts = np.concatenate(([0], ends[:-1] + 1))
+    starts, ends = c.starts, c.ends
     keep = ends > starts
     for i in np.flatnonzero(keep & (ends - starts <= 16)):  # blank lines are not rows; only short ones can be
-        keep[i] = bool(body[starts[i] : ends[i]].strip())
-    line_no = np.arange(1, len(ends) + 1, dtype=np.int64) + line_base
+        keep[i] = bool(c.raw(i).strip())
     malformed: list[Malformed] = []
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
         for i in np.flatnonzero(keep):
-            raw = body[starts[i] : ends[i]]
             try:
-                raw.decode("utf-8")
+                c.raw(i).decode("utf-8")
             except UnicodeDecodeError as exc:
                 malformed.append(
-                    Malformed(int(line_no[i]), f"{file}:{line_no[i]}: bad UTF-8 (byte {exc.start})", excerpt(raw))
+                    Malformed(int(c.line_no[i]), f"{c.ref(i)}: bad UTF-8 (byte {exc.start})", excerpt(c.raw(i)))
                 )
                 keep[i] = False
-    idx = np.flatnonzero(keep)
-    table, more = _parse_lines(body, starts, ends, line_no, idx, file)
+    # Lines that look like one object ('{' ... '}', CR aside) may go to pyarrow; the rest go to Python.
+    last = ends - 1 - ((ends > starts) & (buf[np.maximum(ends - 1, 0)] == 13))
+    looks = keep & (buf[np.minimum(starts, len(buf) - 1)] == 123) & (last >= starts) & (buf[np.maximum(last, 0)] == 125)
+    for i in np.flatnonzero(keep & ~looks):  # leading / trailing spaces, or not an object line
+        text = c.raw(i).strip()
+        looks[i] = text[:1] == b"{" and text[-1:] == b"}"
+        keep[i] = bool(text)  # a long line of only whitespace is blank too
+    for i in np.flatnonzero(keep & ~looks):
+        if keep[i] and c.raw(i).lstrip()[:1] == b"{":
+            end = _pretty_span(c, i, looks)
+            if end is not None:
+                a, b = int(c.line_no[i]), int(c.line_no[end])
+                for j in range(i, end + 1):
+                    if keep[j]:
+                        why = f"looks like a pretty-printed JSON object spanning lines {a}-{b}; JSONL needs one object per line (e.g. `jq -c . FILE`)"
+                        malformed.append(Malformed(int(c.line_no[j]), f"{c.ref(j)}: {why}", excerpt(c.raw(j))))
+                keep[i : end + 1] = False
+    c.direct = keep & ~looks
+    table, more = _parse_lines(c, np.flatnonzero(keep))
     malformed.extend(more)
     malformed.sort(key=lambda m: m.row)
     return Chunk(file, table, malformed)
+
+
+def _pretty_span(
+    c: _Lines, a: int, looks: np.ndarray, max_lines: int = 100_000, max_bytes: int = 1 << 26
+) -> int | None:
+    """Line b when lines a..b (a opening with '{') hold exactly one JSON object written over several
+    lines; None otherwise. Stops at a line that is a whole object no more indented than line a."""
+    indent = len(c.raw(a)) - len(c.raw(a).lstrip())
+    stack: list[bytes] = []
+    size = 0
+    for i in range(a, min(len(c.ends), a + max_lines)):
+        line = c.raw(i)
+        size += len(line)
+        if size > max_bytes or (i > a and looks[i] and len(line) - len(line.lstrip()) <= indent):
+            return None
+        for m in _TOKENS.finditer(line):
+            tok = m.group()
+            if tok[:1] == b'"':
+                continue
+            if tok in (b"{", b"["):
+                stack.append(b"}" if tok == b"{" else b"]")
+            elif not stack or stack.pop() != tok:
+                return None
+            elif not stack:
+                if i == a or line[m.end() :].strip():
+                    return None
+                try:
+                    obj = json.loads(c.body[c.starts[a] : c.ends[i]])
+                except (ValueError, RecursionError):
+                    return None
+                return i if isinstance(obj, dict) else None
+    return None
 
 
 PIECE_BYTES = 1 << 20  # lines parsed per pyarrow call; a bad line costs at most ~2 pieces of re-parsing
@@ -193,62 +271,82 @@ def _read_json(data: bytes) -> pa.Table:
     )
 
 
-def _parse_lines(body, starts, ends, line_no, idx, file) -> tuple[pa.Table, list[Malformed]]:
+def _parse_lines(c: _Lines, idx: np.ndarray) -> tuple[pa.Table, list[Malformed]]:
     """Parse the lines `idx` with pyarrow, ~PIECE_BYTES at a time on a thread pool (pyarrow releases
-    the GIL); lines it refuses are read by Python instead, with the reason."""
+    the GIL); lines it refuses, and lines marked `direct`, are read by Python instead, with the reason."""
     global _POOL
     if len(idx) == 0:
         return RAW_SCHEMA.empty_table(), []
-    size = np.cumsum(ends[idx] - starts[idx] + 1)
+    size = np.cumsum(c.ends[idx] - c.starts[idx] + 1)
     cuts = np.unique(np.searchsorted(size, np.arange(PIECE_BYTES, size[-1], PIECE_BYTES)))
     pieces = [p for p in np.split(idx, cuts) if len(p)]
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="audit-json")
-    results = list(_POOL.map(lambda sel: _parse_piece(body, starts, ends, line_no, sel, file), pieces))
+    results = list(_POOL.map(lambda sel: _parse_mixed(c, sel), pieces))
     return pa.concat_tables([r[0] for r in results]), [m for r in results for m in r[1]]
 
 
-def _parse_piece(body, starts, ends, line_no, sel, file, budget: int = 8) -> tuple[pa.Table, list[Malformed]]:
+def _parse_mixed(c: _Lines, sel: np.ndarray) -> tuple[pa.Table, list[Malformed]]:
+    """The lines `sel` in order: runs of `direct` lines by Python, the runs between them by pyarrow."""
+    d = c.direct[sel]
+    if not d.any():
+        return _parse_piece(c, sel)
+    tables, malformed = [], []
+    for part in np.split(sel, np.flatnonzero(np.diff(d.astype(np.int8))) + 1):
+        if c.direct[part[0]]:
+            chunk = c.python(part)
+            table, bad = chunk.table, chunk.malformed
+        else:
+            table, bad = _parse_piece(c, part)
+        tables.append(table)
+        malformed += bad
+    return pa.concat_tables(tables), malformed
+
+
+def _parse_piece(c: _Lines, sel: np.ndarray, budget: int = 8) -> tuple[pa.Table, list[Malformed]]:
     """pyarrow on the lines `sel`; at a refused line R: rows before R again, R by Python, go on after R.
     After `budget` refusals the rest of the piece is read by Python (cheaper than re-parsing)."""
+    body, starts, ends = c.body, c.starts, c.ends
 
     def span(lines):
         if len(lines) == lines[-1] - lines[0] + 1:  # contiguous: no copy
             return body[starts[lines[0]] : ends[lines[-1]] + 1]
         return b"\n".join(body[starts[i] : ends[i]] for i in lines) + b"\n"
 
-    def python(lines):
-        return python_rows([(int(line_no[i]), body[starts[i] : ends[i]]) for i in lines], file)
-
     tables, malformed = [], []
     while len(sel):
+        bad = None
         try:
-            table, bad_tools = _finish(_read_json(span(sel)), body, starts, ends, line_no, sel, file)
-            tables.append(table)
-            malformed += bad_tools
-            break
+            parsed = _read_json(span(sel))
         except _READ_ERRORS as exc:
             m = _ERROR_ROW.search(str(exc))
             bad = int(m.group(1)) if m and int(m.group(1)) < len(sel) else None
+        else:
+            if parsed.num_rows == len(sel):
+                table, bad_tools = _finish(parsed, c, sel)
+                tables.append(table)
+                malformed += bad_tools
+                break
+            budget = 0  # a line held two objects (more rows than lines): Python names it
         if bad is None or budget == 0:
-            chunk = python(sel)
+            chunk = c.python(sel)
             tables.append(chunk.table)
             malformed += chunk.malformed
             break
         if bad:
-            table, bad_tools = _parse_piece(body, starts, ends, line_no, sel[:bad], file, budget=0)
+            table, bad_tools = _parse_piece(c, sel[:bad], budget=0)
             tables.append(table)
             malformed += bad_tools
-        chunk = python(sel[bad : bad + 1])
+        chunk = c.python(sel[bad : bad + 1])
         tables.append(chunk.table)
         malformed += chunk.malformed
         sel, budget = sel[bad + 1 :], budget - 1
     return (pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()), malformed
 
 
-def _finish(table, body, starts, ends, line_no, idx, file) -> tuple[pa.Table, list[Malformed]]:
-    """Add source_row and tools to a pyarrow-parsed table of the lines `idx`."""
-    assert table.num_rows == len(idx), "pyarrow.json must yield one row per non-blank line"
+def _finish(table: pa.Table, c: _Lines, idx: np.ndarray) -> tuple[pa.Table, list[Malformed]]:
+    """Add source_row and tools to a pyarrow-parsed table of the lines `idx` (one row per line)."""
+    body, starts, ends, line_no = c.body, c.starts, c.ends, c.line_no
     tools = pa.nulls(len(idx), pa.string())
     malformed = []
     # Tool definitions are free-form JSON schemas (no fixed Arrow type): read them with Python, only
@@ -262,97 +360,20 @@ def _finish(table, body, starts, ends, line_no, idx, file) -> tuple[pa.Table, li
     if hits:
         values, drop = [None] * len(idx), np.zeros(len(idx), dtype=bool)
         for j in sorted(hits):
-            raw = body[starts[idx[j]] : ends[idx[j]]]
+            raw = c.raw(idx[j])
             try:
                 values[j] = tools_json(json.loads(raw).get("tools"))
-            except RowError as exc:
-                malformed.append(Malformed(int(line_no[idx[j]]), f"{file}:{line_no[idx[j]]}: {exc}", excerpt(raw)))
+            except RecursionError:
+                malformed.append(Malformed(int(line_no[idx[j]]), f"{c.ref(idx[j])}: {too_deep(raw)}", excerpt(raw)))
+                drop[j] = True
+            except (RowError, ValueError) as exc:  # RowError, or JSON Python refuses where pyarrow did not
+                malformed.append(Malformed(int(line_no[idx[j]]), f"{c.ref(idx[j])}: {exc}", excerpt(raw)))
                 drop[j] = True
         tools = pa.array(values, pa.string())
         if drop.any():
             table, tools, idx = table.filter(pa.array(~drop)), tools.filter(pa.array(~drop)), idx[~drop]
     table = pa.Table.from_arrays([pa.array(line_no[idx]), *table.columns, tools], schema=RAW_SCHEMA)
     return table, malformed
-
-
-# ------------------------------------------------------------------------------ JSON array
-
-
-def iter_json_array(path: Path, chunk_bytes: int, chunk_rows: int = 20000) -> Iterator[Chunk]:
-    """Stream the elements of a top-level JSON array with `raw_decode` (bounded memory)."""
-    file = str(path)
-    decoder = json.JSONDecoder()
-    # surrogateescape keeps bad UTF-8 bytes as lone surrogates; the element holding one is malformed.
-    reader = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-    ws = re.compile(r"[ \t\r\n]*")
-    with open(path, "rb") as fh:
-        buf, eof, pos, line, index = "", False, 0, 1, 0
-        items: list[tuple[int, Any]] = []
-        malformed: list[Malformed] = []
-
-        def fill() -> bool:
-            nonlocal buf, pos, eof
-            block = fh.read(chunk_bytes)
-            eof = not block
-            buf = buf[pos:] + reader.decode(block, final=eof)
-            pos = 0
-            return not eof
-
-        fill()
-        buf = buf.lstrip("\ufeff")
-        pos = ws.match(buf, 0).end()
-        if buf[pos : pos + 1] != "[":
-            raise UserError(f"{file}: expected a JSON array")
-        pos += 1
-        while True:
-            m = ws.match(buf, pos)
-            line += buf.count("\n", pos, m.end())
-            pos = m.end()
-            if pos >= len(buf) and not eof:
-                fill()
-                continue
-            if buf[pos : pos + 1] == ",":  # the separator may arrive after a read boundary
-                pos += 1
-                continue
-            if buf[pos : pos + 1] == "]" or pos >= len(buf):
-                break
-            try:
-                obj, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError as exc:
-                if not eof and len(buf) - pos < 4 * chunk_bytes + (1 << 26):
-                    fill()  # probably an element cut by the read boundary: read more and retry
-                    continue
-                bad_line = line + buf.count("\n", pos, exc.pos)
-                malformed.append(
-                    Malformed(
-                        index,
-                        f"{file}:{bad_line}: bad JSON in array element {index}: {exc.msg}; the rest of the array cannot be read",
-                        excerpt(buf[pos : pos + EXCERPT_CHARS]),
-                    )
-                )
-                break
-            text = buf[pos:end]
-            try:
-                text.encode("utf-8")
-                items.append((index, obj))
-            except UnicodeEncodeError:
-                malformed.append(
-                    Malformed(
-                        index,
-                        f"{file}:{line}: bad UTF-8 in array element {index}",
-                        excerpt(text.encode("utf-8", "surrogateescape")),
-                    )
-                )
-            line += text.count("\n")
-            index += 1
-            pos = end
-            if len(items) >= chunk_rows:
-                chunk = python_rows(items, file, parsed=True)
-                chunk.malformed[:0], malformed, items = malformed, [], []
-                yield chunk
-        chunk = python_rows(items, file, parsed=True)
-        chunk.malformed[:0] = malformed
-        yield chunk
 
 
 # ------------------------------------------------------------------------------ Parquet
@@ -364,18 +385,49 @@ def iter_parquet(path: Path, chunk_rows: int) -> Iterator[Chunk]:
     file, base = str(path), 0
     try:
         pf = pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise UserError(f"{file}: not a readable parquet file ({exc})") from None
-    names = [n for n in ("messages", "conversations", "system", "tools") if n in pf.schema_arrow.names]
+        schema = pf.schema_arrow
+    except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: a column name that is not UTF-8
+        raise UserError(f"{file}: not a readable parquet file ({_one_line(exc)})") from None
+    names = [n for n in ("messages", "conversations", "system", "tools") if n in schema.names]
     if not {"messages", "conversations"} & set(names):
         raise UserError(f"{file}: no `messages` or `conversations` column")
-    for batch in pf.iter_batches(batch_size=chunk_rows, columns=names):
+    batches = pf.iter_batches(batch_size=chunk_rows, columns=names)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (OSError, ValueError, pa.ArrowException) as exc:  # a corrupt page: the file cannot be read on
+            raise UserError(f"{file}: parquet data after row {base} cannot be read ({_one_line(exc)})") from None
+        if batch is None:
+            return
         try:
             yield _parquet_fast(batch, base, file)
-        except (TypeError, pa.ArrowInvalid):  # a nested shape Arrow cannot conform: read row by row
-            rows = batch.to_pylist()
-            yield python_rows([(base + i, r) for i, r in enumerate(rows)], file, parsed=True)
+        except (TypeError, pa.ArrowInvalid):  # a nested shape Arrow cannot conform (or bad UTF-8): row by row
+            items, bad = _parquet_rows(batch, base, file)
+            chunk = python_rows(items, file, parsed=True, kind="parquet")
+            chunk.malformed = sorted(chunk.malformed + bad, key=lambda m: m.row)
+            yield chunk
         base += batch.num_rows
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _parquet_rows(batch: pa.RecordBatch, base: int, file: str) -> tuple[list, list[Malformed]]:
+    """(row, value) of each row of a batch Python can read, and a malformed row for each it cannot
+    (a string that is not UTF-8)."""
+    try:
+        return [(base + i, r) for i, r in enumerate(batch.to_pylist())], []
+    except (UnicodeDecodeError, pa.ArrowException):
+        items, bad = [], []
+        for i in range(batch.num_rows):
+            try:
+                items.append((base + i, batch.slice(i, 1).to_pylist()[0]))
+            except (UnicodeDecodeError, pa.ArrowException) as exc:
+                bad.append(
+                    Malformed(base + i, f"{row_ref('parquet', file, base + i)}: bad UTF-8 in a string ({exc})", "")
+                )
+        return items, bad
 
 
 def _conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
@@ -407,6 +459,7 @@ def _conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
 
 
 def _parquet_fast(batch: pa.RecordBatch, base: int, file: str) -> Chunk:
+    batch.validate(full=True)  # ArrowInvalid on a string that is not UTF-8 (parquet does not check)
     n = batch.num_rows
     columns = [
         _conform(batch.column(f.name), f.type) if f.name in batch.schema.names else pa.nulls(n, f.type)
@@ -419,9 +472,11 @@ def _parquet_fast(batch: pa.RecordBatch, base: int, file: str) -> Chunk:
             try:
                 tools[i] = tools_json(col[i].as_py())
             except RowError as exc:
-                malformed.append(Malformed(base + i, f"{file}:{base + i}: {exc}", excerpt(str(col[i].as_py()))))
+                malformed.append(
+                    Malformed(base + i, f"{row_ref('parquet', file, base + i)}: {exc}", excerpt(str(col[i].as_py())))
+                )
                 drop[i] = True
     table = pa.Table.from_arrays(
         [pa.array(np.arange(base, base + n, dtype=np.int64)), *columns, pa.array(tools, pa.string())], schema=RAW_SCHEMA
     )
-    return Chunk(file, table.filter(pa.array(~drop)) if drop.any() else table, malformed)
+    return Chunk(file, table.filter(pa.array(~drop)) if drop.any() else table, malformed, kind="parquet")

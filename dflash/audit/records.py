@@ -7,7 +7,10 @@ human/gpt/system/function_call/observation/tool), optionally a top-level `system
 
 `Chunk.table` (RAW_SCHEMA): source_row int64, messages list<MESSAGE>, conversations list<{from, value}>,
 system string, tools string (canonical JSON list, null if absent). `Chunk.malformed` lists the rows that
-could not be read, each with a detail naming file and line. `coerce_record` fixes representation only
+could not be read, each with a detail that starts with `row_ref` (the one place that says what a row
+number means: `FILE:line N` for JSONL, `FILE element N (line L)` for a JSON array, `FILE row N` for
+parquet). A chunk also carries what its reader noticed about the file: empty, folder files skipped,
+regions that could not be read (a JSON array's syntax error, trailing data). `coerce_record` fixes representation only
 (content parts, argument objects, tools as a string); missing roles and contents stay None for the
 vectorised checks (dflash.audit.checks), so both read paths judge rows alike.
 """
@@ -15,9 +18,12 @@ vectorised checks (dflash.audit.checks), so both read paths judge rows alike.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from dflash.core.io import canonical_json
@@ -61,10 +67,22 @@ class RowError(ValueError):
     """One input row that cannot be read; the message says what is wrong (the caller adds file:line)."""
 
 
+KINDS = ("jsonl", "json", "parquet")  # JSONL (row = 1-based line), JSON array (row = 0-based element), parquet (row)
+
+
+def row_ref(kind: str, file: str, row: int, line: int | None = None) -> str:
+    """What a source_row means, spelled out: `FILE:line N`, `FILE element N (line L)` or `FILE row N`."""
+    if kind == "jsonl":
+        return f"{file}:line {row}"
+    if kind == "json":
+        return f"{file} element {row}" + (f" (line {line})" if line is not None else "")
+    return f"{file} row {row}"
+
+
 @dataclass
 class Malformed:
     row: int  # source_row (see module docstring)
-    detail: str  # "FILE:LINE: what is wrong"
+    detail: str  # "REF: what is wrong", REF from row_ref
     excerpt: str  # first ~200 characters of the raw row
 
 
@@ -73,11 +91,67 @@ class Chunk:
     file: str
     table: pa.Table  # RAW_SCHEMA
     malformed: list[Malformed] = field(default_factory=list)
+    kind: str = "jsonl"  # one of KINDS: what source_row means
+    lines: np.ndarray | None = None  # JSON arrays: the line each table row starts on
+    empty: bool = False  # the file holds no rows at all (0 bytes, only whitespace, 0-row parquet)
+    skipped: list[str] = field(default_factory=list)  # folder files that are not inputs (first chunk only)
+    unreadable: list[dict] = field(default_factory=list)  # regions that could not be read: file, lines, bytes, ...
+
+    def ref(self, i: int) -> str:
+        """row_ref of table row i."""
+        row = int(self.table.column("source_row")[i].as_py())
+        return row_ref(self.kind, self.file, row, None if self.lines is None else int(self.lines[i]))
 
 
 def excerpt(raw: bytes | str) -> str:
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
-    return text[:EXCERPT_CHARS]
+    """The first EXCERPT_CHARS characters, always writable as UTF-8 (bad bytes / lone surrogates escaped)."""
+    text = raw[: 4 * EXCERPT_CHARS].decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    text = text[:EXCERPT_CHARS]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_depth(text: str | bytes) -> int:
+    """Deepest nesting of brackets in a JSON text, strings skipped (only called on rows too deep to parse)."""
+    text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+    depth = best = 0
+    for m in _TOKENS.finditer(text):
+        ch = m.group()
+        if ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
+def too_deep(text: str | bytes) -> str:
+    return f"nested {json_depth(text)} levels deep (the JSON reader stops near {sys.getrecursionlimit()})"
+
+
+def lone_surrogate(value: Any, where: str = "") -> str | None:
+    """Where a string of a parsed row holds a lone surrogate (a JSON escape like \\ud800 with no pair,
+    which UTF-8 cannot encode), e.g. 'lone surrogate \\ud800 at messages[0].content'; None if none."""
+    stack = [(value, where)]
+    while stack:
+        v, w = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                code = ord(v[exc.start])
+                return f"lone surrogate \\u{code:04x} at {w or 'the row'} (character {exc.start})"
+        elif isinstance(v, dict):
+            stack.extend((x, f"{w}.{k}" if w else str(k)) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((x, f"{w}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def _str(value: Any, where: str) -> str | None:
@@ -129,9 +203,20 @@ def tools_json(value: Any) -> str | None:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise RowError(f"tools: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise RowError(f"tools: {too_deep(value)}") from None
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise RowError("tools: expected a list of tool definitions (objects)")
-    return canonical_json(value) if value else None
+    if not value:
+        return None
+    try:
+        text = canonical_json(value)
+        text.encode("utf-8")
+    except RecursionError:
+        raise RowError("tools: nested too deep to write back as JSON") from None
+    except UnicodeEncodeError:
+        raise RowError(lone_surrogate(value, "tools") or "tools: not encodable as UTF-8") from None
+    return text
 
 
 def coerce_record(obj: Any) -> dict:
@@ -197,24 +282,72 @@ def coerce_record(obj: Any) -> dict:
     return out
 
 
-def python_rows(items: list[tuple[int, bytes | str | Any]], file: str, parsed: bool = False) -> Chunk:
-    """Read rows with Python (fallback path). items: (source_row, raw line or already-parsed object)."""
-    rows, malformed = [], []
-    for row, raw in items:
+def _loads_error(exc: json.JSONDecodeError) -> str:
+    if exc.msg == "Extra data":
+        return f"extra data after the object at column {exc.colno}: JSONL needs exactly one object per line"
+    return f"bad JSON: {exc.msg} (column {exc.colno})"
+
+
+def python_rows(
+    items: list[tuple[int, bytes | str | Any]],
+    file: str,
+    parsed: bool = False,
+    kind: str = "jsonl",
+    lines: list[int] | None = None,
+) -> Chunk:
+    """Read rows with Python (fallback path). items: (source_row, raw line or already-parsed object);
+    lines: for JSON arrays, the line each item starts on (details name it)."""
+    rows, malformed, kept_lines = [], [], []
+    for k, (row, raw) in enumerate(items):
+        line = None if lines is None else lines[k]
+        ref = row_ref(kind, file, row, line)
         try:
-            obj = raw if parsed else json.loads(raw)
+            obj = raw if parsed else json.loads(_text(raw))
+        except UnicodeDecodeError as exc:
+            malformed.append(Malformed(row, f"{ref}: bad UTF-8 (byte {exc.start})", excerpt(raw)))
+            continue
         except json.JSONDecodeError as exc:
-            malformed.append(Malformed(row, f"{file}:{row}: bad JSON: {exc.msg} (column {exc.colno})", excerpt(raw)))
+            malformed.append(Malformed(row, f"{ref}: {_loads_error(exc)}", excerpt(raw)))
+            continue
+        except RecursionError:
+            malformed.append(Malformed(row, f"{ref}: {too_deep(raw)}", excerpt(raw)))
             continue
         try:
             rec = coerce_record(obj)
-        except RowError as exc:
-            malformed.append(
-                Malformed(
-                    row, f"{file}:{row}: {exc}", excerpt(raw if not parsed else json.dumps(obj, ensure_ascii=False))
-                )
-            )
+        except (RowError, RecursionError) as exc:
+            why = str(exc) if isinstance(exc, RowError) else "nested too deep to read"
+            malformed.append(Malformed(row, f"{ref}: {why}", excerpt(raw if not parsed else _dumps(obj))))
             continue
         rec["source_row"] = row
         rows.append(rec)
-    return Chunk(file, pa.Table.from_pylist(rows, schema=RAW_SCHEMA), malformed)
+        kept_lines.append(line)
+    try:
+        table = pa.Table.from_pylist(rows, schema=RAW_SCHEMA)
+    except UnicodeEncodeError:  # a lone surrogate somewhere: find the rows (rare, so only then row by row)
+        good = []
+        for k, rec in enumerate(rows):
+            where = lone_surrogate({key: v for key, v in rec.items() if key != "source_row"})
+            if where is None:
+                good.append(k)
+            else:
+                row = rec["source_row"]
+                malformed.append(Malformed(row, f"{row_ref(kind, file, row, kept_lines[k])}: {where}", _dumps(rec)))
+        rows, kept_lines = [rows[k] for k in good], [kept_lines[k] for k in good]
+        malformed.sort(key=lambda m: m.row)
+        table = pa.Table.from_pylist(rows, schema=RAW_SCHEMA)
+    out_lines = np.array(kept_lines, dtype=np.int64) if lines is not None else None
+    return Chunk(file, table, malformed, kind=kind, lines=out_lines)
+
+
+def _text(raw: bytes | str) -> str:
+    """A raw line as text: UTF-8 always (json.loads would guess UTF-16 from a leading NUL), a BOM dropped."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _dumps(obj: Any) -> str:
+    """An excerpt of a parsed row (surrogates escaped, depth bounded by the parse that made it)."""
+    try:
+        return excerpt(json.dumps(obj, ensure_ascii=False))
+    except (RecursionError, ValueError):
+        return excerpt(repr(obj))

@@ -66,10 +66,15 @@ def render_report(m: dict, state: AuditState) -> str:
         f"(`conversations.arrow`), **{m['num_rejected']}** rejected (`rejected.jsonl`, with reasons); "
         f"{m['num_malformed']} of them unreadable. Tokenizer: {tok}."
     )
+    out += _input_notes(m)
     out += ["", "## Gates", "", "| gate | measured | max | action | result |", "|---|---|---|---|---|"]
     for g in m["gates"]:
         result = ("**FAILED**" if g["action"] == "fail" else "crossed (report only)") if g["crossed"] else "ok"
-        out.append(f"| {g['name']} | {_pct(g['value'])} | {_pct(g['max'])} | {g['action']} | {result} |")
+        action = f"{g['action']} (auto)" if g.get("configured") == "auto" else g["action"]
+        out.append(f"| {g['name']} | {_pct(g['value'])} | {_pct(g['max'])} | {action} | {result} |")
+    whys = sorted({g["why"] for g in m["gates"] if g.get("why")})
+    if whys:
+        out += [""] + [f"Gate action {why}." for why in whys]
     if m["gate_failed"]:
         out += ["", f"**The audit failed** on: {', '.join(m['failed_gates'])}. The outputs are written anyway."]
 
@@ -121,6 +126,7 @@ def render_report(m: dict, state: AuditState) -> str:
             out.append(
                 f"| {name.split('_')[1]} | {s['min']} | {s['p50']:.0f} | {s['p90']:.0f} | {s['p99']:.0f} | {s['max']} | {s['mean']} |"
             )
+    out += _token_sample(m)
 
     out += ["", "## Rejected rows", "", "| reason | rows | example rows |", "|---|---|---|"]
     for reason, count in m["rejected_by_reason"].items():
@@ -131,6 +137,49 @@ def render_report(m: dict, state: AuditState) -> str:
     ]
     out += ["", "## What to do", ""] + [f"- {line}" for line in _advice(m, state)]
     return "\n".join(out) + "\n"
+
+
+def _input_notes(m: dict) -> list[str]:
+    """Files that held no rows, folder files that are not inputs, and regions that could not be read."""
+    out = []
+    if m.get("empty_files"):
+        out += ["", f"Empty files (no rows): {', '.join(f'`{f}`' for f in m['empty_files'])}."]
+    if m.get("num_skipped_files"):
+        more = m["num_skipped_files"] - len(m["skipped_files"])
+        names = ", ".join(f"`{f}`" for f in m["skipped_files"]) + (f" and {more} more" if more > 0 else "")
+        out += [
+            "",
+            f"Skipped {m['num_skipped_files']} files of the input folder that are not .jsonl / .ndjson / .json / "
+            f".parquet (.gz / .zst for the text formats): {names}.",
+        ]
+    if m.get("num_unreadable_regions"):
+        out += [
+            "",
+            f"**{m['num_unreadable_regions']} regions ({m['unreadable_bytes']} bytes) of the input could not be read** "
+            "(a JSON array's syntax error or data after its end; each is one malformed row in `rejected.jsonl`, and "
+            "`unreadable` in audit_details.json gives lines and bytes):",
+            "",
+        ]
+        out += [f"- `{u['file']}` lines {u['lines'][0]}-{u['lines'][1]}: {u['reason']}" for u in m["unreadable"][:20]]
+    return out
+
+
+def _token_sample(m: dict) -> list[str]:
+    """How the token counts were made (dflash/audit/tokens.py): exhaustive, or a stated seeded sample."""
+    ts = m.get("token_sample")
+    if not ts:
+        return []
+    if ts["mode"] == "exhaustive":
+        return ["", f"Token counts: every candidate row was rendered and tokenized ({ts['why_exhaustive']})."]
+    return [
+        "",
+        f"Token statistics (prompt tokens above, the loss-mask histogram and its spike) come from a seeded sample of "
+        f"**{ts['sample_rows']}** of {ts['candidates']} candidate rows (rate {ts['sample_rate']}, "
+        "`audit.token_sample_rows`). `prompt_too_long` and `template_error` are decided for every row, as an "
+        f"exhaustive run decides them: {ts['exact_prompt_counts']} prompts counted exactly ({ts['over_byte_bound']} "
+        f"over the byte bound), {ts['structures']} chat-template structures rendered; `prompt_tokens` in "
+        "`conversations.arrow` is -1 where a row was not counted.",
+    ]
 
 
 def _advice(m: dict, state: AuditState) -> list[str]:

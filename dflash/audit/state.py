@@ -1,8 +1,9 @@
 """Running state of an audit across chunks: counts, examples, duplicate keys, histograms, rejected rows.
 
-Kept apart from dflash/audit.py (the per-chunk checks) so that each file holds one concept. Memory
-does not grow with text size: keys are 8-byte hashes kept in sorted numpy runs, length histograms
-are fixed-size counts, and only the kept rows' prompt lengths are stored (16 bytes a row).
+Kept apart from dflash/audit/checks.py (the per-chunk checks) so that each file holds one concept. Memory
+does not grow with text size: duplicate keys are 8-byte hashes kept in sorted numpy runs, each with an
+8-byte ref to its first occurrence (two sets: ~32 bytes a kept row), length histograms are fixed-size
+counts, and only the kept rows' prompt lengths are stored (16 bytes a row).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dflash.audit.records import row_ref
 from dflash.core.params import AuditParams
 
 LENGTH_CAP = 1 << 20  # length histograms count exact values below this; longer ones share the last bin
@@ -51,12 +53,6 @@ def segment_min(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- hashed keys
 
 
-def _sorted_unique(keys: np.ndarray) -> np.ndarray:
-    """np.unique for uint64 keys by sort + neighbour compare (numpy's hash-based unique is slower here)."""
-    x = np.sort(keys)
-    return x[np.concatenate(([True], x[1:] != x[:-1]))] if len(x) else x
-
-
 def first_occurrences(keys: np.ndarray) -> np.ndarray:
     """True at the first occurrence of each key in `keys` (Arrow's C++ hash table numbers distinct
     values in order of first appearance, so a row is first exactly when its code is a new maximum)."""
@@ -68,10 +64,12 @@ def first_occurrences(keys: np.ndarray) -> np.ndarray:
 
 
 class KeySet:
-    """A set of uint64 keys as a few sorted runs (merged when a newer run is as large as the older)."""
+    """A set of uint64 keys as a few sorted runs (merged when a newer run is as large as the older),
+    each key with an int64 ref (the first occurrence's file and row, see AuditState.ref_code)."""
 
     def __init__(self) -> None:
         self.runs: list[np.ndarray] = []
+        self.refs: list[np.ndarray] = []  # parallel to runs
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         hit = np.zeros(len(keys), dtype=bool)
@@ -84,12 +82,40 @@ class KeySet:
         """True where a key was seen before: in the set, or earlier in `keys` itself."""
         return self.contains(keys) | ~first_occurrences(keys)
 
-    def add(self, keys: np.ndarray) -> None:
+    def lookup(self, keys: np.ndarray, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(True where a key was seen before: in the set or earlier in `keys`; the ref of that first
+        occurrence there, -1 elsewhere). `refs`: the refs of `keys`."""
+        hit = np.zeros(len(keys), dtype=bool)
+        first = np.full(len(keys), -1, dtype=np.int64)
+        for run, run_refs in zip(self.runs, self.refs, strict=True):
+            i = np.minimum(np.searchsorted(run, keys), len(run) - 1)
+            new = (run[i] == keys) & ~hit
+            first[new] = run_refs[i[new]]
+            hit |= new
         if len(keys):
-            self.runs.append(_sorted_unique(keys))
+            codes = pc.dictionary_encode(pa.array(keys)).indices.to_numpy()
+            _, first_index = np.unique(codes, return_index=True)  # codes number keys in order of appearance
+            earlier = (first_index[codes] != np.arange(len(keys))) & ~hit
+            first[earlier] = refs[first_index[codes[earlier]]]
+            hit |= earlier
+        return hit, first
+
+    def add(self, keys: np.ndarray, refs: np.ndarray | None = None) -> None:
+        """Add keys not yet in the set (first occurrences), with their refs."""
+        if len(keys):
+            refs = np.full(len(keys), -1, dtype=np.int64) if refs is None else np.asarray(refs, dtype=np.int64)
+            self._push(keys, refs)
             while len(self.runs) > 1 and len(self.runs[-1]) * 2 >= len(self.runs[-2]):
-                b, a = self.runs.pop(), self.runs.pop()
-                self.runs.append(_sorted_unique(np.concatenate([a, b])))
+                b, a, rb, ra = self.runs.pop(), self.runs.pop(), self.refs.pop(), self.refs.pop()
+                self._push(np.concatenate([a, b]), np.concatenate([ra, rb]))
+
+    def _push(self, keys: np.ndarray, refs: np.ndarray) -> None:
+        """Append one sorted run; of equal keys the earliest (older run, earlier row) is kept."""
+        order = np.argsort(keys, kind="stable")
+        x, r = keys[order], refs[order]
+        first = np.concatenate(([True], x[1:] != x[:-1]))
+        self.runs.append(x[first])
+        self.refs.append(r[first])
 
 
 class KeyCounter:
@@ -127,6 +153,11 @@ class AuditState:
         self.placeholder_set = pa.array(texts, pa.string())
         self.max_placeholder_len = max((len(t) for t in params.placeholder_texts), default=0) + 8
         self.files: set[str] = set()
+        self.kinds: dict[str, str] = {}  # file -> its reader's kind (records.row_ref: what a row number means)
+        self.file_list: list[str] = []  # file of each ref code
+        self.empty_files: list[str] = []
+        self.skipped_files: list[str] = []
+        self.unreadable: list[dict] = []  # regions of input files that could not be read (JSON arrays)
         self.rejected_file: Any = None
         self.num_rows = 0
         self.num_kept = 0
@@ -141,12 +172,34 @@ class AuditState:
         self.tokens_hist = np.zeros(LENGTH_CAP + 1, dtype=np.int64)
         self.value_examples: dict[str, dict[int, list[str]]] = {"chars": {}, "tokens": {}}
         self.prompt_chars: list[np.ndarray] = []
-        self.prompt_tokens: list[np.ndarray] = []
+        self.prompt_tokens: list[np.ndarray] = []  # the token sample's kept rows (dflash/audit/tokens.py)
+        self.tokens: Any = None  # the run's TokenPath once a chunk was tokenized (summary() -> metrics)
+
+    def note_chunk(self, chunk) -> None:
+        """What the reader noticed about the chunk's file: its kind, empty, skipped folder files, unread regions."""
+        if chunk.file not in self.kinds:
+            self.kinds[chunk.file] = chunk.kind
+            self.file_list.append(chunk.file)
+        if chunk.empty:
+            self.empty_files.append(chunk.file)
+        self.skipped_files += chunk.skipped
+        self.unreadable += chunk.unreadable
+
+    def ref(self, file: str, row: int) -> str:
+        """row_ref of a row: `FILE:line N`, `FILE element N` or `FILE row N`."""
+        return row_ref(self.kinds.get(file, "jsonl"), file, int(row))
+
+    def ref_code(self, file: str, rows: np.ndarray) -> np.ndarray:
+        """int64 codes of (file, row) for the duplicate sets (file index in the high bits)."""
+        return np.asarray(rows, dtype=np.int64) + (self.file_list.index(file) << 40)
+
+    def ref_text(self, code: int) -> str:
+        return self.ref(self.file_list[code >> 40], code & ((1 << 40) - 1))
 
     def example(self, check: str, file: str, row: int) -> None:
         bucket = self.examples.setdefault(check, [])
         if len(bucket) < self.params.examples:
-            bucket.append(f"{file}:{row}")
+            bucket.append(self.ref(file, row))
 
     def reject(self, file: str, row: int, reasons: list[str], detail: str, cid: str | None, excerpt: str) -> None:
         self.rows_rejected += 1
@@ -167,7 +220,7 @@ class AuditState:
         for i in np.flatnonzero(counts >= 2).tolist():
             k = int(keys[i])
             if k not in self.response_text:
-                self.response_text[k] = (texts[i].as_py()[:200], f"{file}:{rows[i]}")
+                self.response_text[k] = (texts[i].as_py()[:200], self.ref(file, rows[i]))
 
     def _histogram(self, unit: str, hist: np.ndarray, values: np.ndarray, file: str, rows: np.ndarray) -> None:
         hist += np.bincount(np.minimum(values, LENGTH_CAP), minlength=LENGTH_CAP + 1)
@@ -180,10 +233,11 @@ class AuditState:
         for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(order)], strict=True):
             bucket = refs.setdefault(int(values[order[start]]), [])
             for i in order[start : min(end, start + self.params.examples - len(bucket))]:
-                bucket.append(f"{file}:{rows[i]}")
+                bucket.append(self.ref(file, rows[i]))
 
-    def observe(self, file, rows, ok, f, prompt_tokens, mask_sums, kept) -> None:
-        """Count one chunk's readable conversations (ok) and kept rows."""
+    def observe(self, file, rows, ok, f, prompt_tokens, mask_sums, kept, sampled) -> None:
+        """Count one chunk's readable conversations (ok) and kept rows; token statistics come from the
+        token sample (`sampled`: rows whose counts are a seeded sample, all of them when exhaustive)."""
         self.num_kept += int(kept.sum())
         c = self.counts
         c["conversations"] += int(ok.sum())
@@ -211,7 +265,7 @@ class AuditState:
         c["tokenized_responses"] += int(tok.sum())
         self._histogram("tokens", self.tokens_hist, mask_sums[tok], file, rows[tok])
         self.prompt_chars.append(f["prompt_chars"][kept].astype(np.int64))
-        self.prompt_tokens.append(prompt_tokens[kept])
+        self.prompt_tokens.append(prompt_tokens[kept & sampled & (prompt_tokens >= 0)])
 
     # ------------------------------------------------------------------------ summary
 
@@ -280,7 +334,14 @@ class AuditState:
             "prompt_tokens": _stats(np.concatenate(self.prompt_tokens)) if tokenizer else None,
             "max_prompt_tokens": p.max_prompt_tokens if tokenizer else None,
             "tokenizer": tokenizer,
+            "token_sample": self.tokens.summary() if tokenizer and self.tokens is not None else None,
             "input_files": sorted(self.files),
+            "empty_files": self.empty_files,
+            "skipped_files": self.skipped_files[:100],
+            "num_skipped_files": len(self.skipped_files),
+            "unreadable": self.unreadable[:100],
+            "num_unreadable_regions": len(self.unreadable),
+            "unreadable_bytes": sum(u["bytes"][1] - u["bytes"][0] for u in self.unreadable),
             "examples": examples,
         }
 

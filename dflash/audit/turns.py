@@ -40,6 +40,9 @@ class Turns:
     tool_call_id: pa.Array  # string or null
     tool_calls: pa.Array  # canonical JSON of the normalized OpenAI tool calls, or null
     errors: dict[int, str]  # row -> what is structurally wrong (missing role/content, bad function_call...)
+    where: np.ndarray | None = (
+        None  # (turns,) index of each turn in its row's list as written (-1: the added system turn)
+    )
 
 
 def _normalize_calls(calls: list, where: str, turn: int) -> str:
@@ -185,7 +188,7 @@ def flatten_turns(table: pa.Table) -> Turns:
         if not msg_valid[r]:
             what = "from" if missing_role[j] else "value"
         errors.setdefault(r, f"{key}[{where[j]}]: missing {what}")
-    return Turns(offsets, parent, pos, role, content, reasoning, name, call_id, tool_calls, errors)
+    return Turns(offsets, parent, pos, role, content, reasoning, name, call_id, tool_calls, errors, where)
 
 
 # ---------------------------------------------------------------------------- canonical JSON

@@ -21,7 +21,9 @@ CURRENT_RUN_FILE = "current.json"
 
 # One row per conversation the audit kept. `messages` / `prompt_messages` / `tools` are canonical JSON text
 # (sorted keys, no spaces, UTF-8 kept), so `conversation_id` can be recomputed from them.
-# `prompt_messages` = `messages` minus the trailing assistant turn(s). prompt_tokens = -1 without a tokenizer.
+# `prompt_messages` = `messages` minus the trailing assistant turn(s). prompt_tokens = -1 without a tokenizer or
+# where the audit did not count the row (audit.exhaustive_tokens: false counts the token sample and the prompts
+# over its byte bound; every other kept prompt is provably <= audit.max_prompt_tokens).
 CONVERSATIONS_SCHEMA = pa.schema(
     [
         ("conversation_id", pa.string()),  # first 16 hex of sha256(canonical {"messages", "tools"})
@@ -35,7 +37,7 @@ CONVERSATIONS_SCHEMA = pa.schema(
         ("has_system", pa.bool_()),
         ("has_tool_calls", pa.bool_()),  # an assistant tool call or a tool turn
         ("prompt_chars", pa.int64()),  # characters of content in prompt_messages
-        ("prompt_tokens", pa.int64()),  # tokens of the prompt rendered with the generation prompt; -1: no tokenizer
+        ("prompt_tokens", pa.int64()),  # tokens of the prompt rendered with the generation prompt; -1: not counted
         ("placeholder_turns", pa.int32()),  # assistant turns that are placeholders or empty
         ("response_chars", pa.int64()),  # characters of the recorded trailing assistant turn(s)
     ]
