@@ -198,18 +198,57 @@ def test_recorded_last_turn_only(tmp_path, target_dir):
     assert m["num_input"] == 1
 
 
-def test_recorded_unstable_prefix_fails_naming_the_row(tmp_path, target_dir):
+def test_recorded_unstable_prefix_drops_that_turn_naming_the_row(tmp_path, target_dir):
     # thinking off + recorded reasoning: the prompt ends with an EMPTY think block, the full render with the
-    # recorded one, so the prompt is not a prefix of the full render
+    # recorded one, so the prompt is not a prefix of the full render: that turn is dropped, the rest is kept
     ok = ONE_TURN
     bad = [{"role": "user", "content": "Hi"}, {"role": "assistant", "reasoning_content": "hmm", "content": "Yo"}]
     cids = write_conversations(tmp_path / "audit/conversations.arrow", [ok, bad])
-    with pytest.raises(UserError, match=rf"conversations.arrow: row 1 \(conversation {cids[1]}\), assistant message 1"):
-        run_tokenize(params_for(tmp_path, target_dir, "base.enable_thinking=false"))
-    from stages.tokenize import main
+    m = run_tokenize(params_for(tmp_path, target_dir, "base.enable_thinking=false"))
+    assert (m["num_input"], m["num_samples"], m["dropped_by_reason"]["unstable_render"]) == (2, 1, 1)
+    (example,) = m["dropped_examples"]["unstable_render"]
+    assert f"conversations.arrow: row 1 (conversation {cids[1]}), assistant message 1" in example
+    assert "not a prefix" in example
+    (r,) = read_split(tmp_path / "tokenized", "train")
+    assert r["sample_id"] == f"{cids[0]}:0"
 
-    with pytest.raises(UserError, match="not a prefix"):
-        main(params_for(tmp_path, target_dir, "base.enable_thinking=false"))
+
+def test_recorded_user_assistant_assistant_keeps_what_renders_stably(tmp_path, target_dir):
+    # issue: u -> a -> a stopped the whole recorded tokenize. The template renders the first answer without
+    # its (empty) think block once a second answer follows, so only the second turn is unstable.
+    uaa = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "One."},
+        {"role": "assistant", "content": "Two."},
+    ]
+    cids = write_conversations(tmp_path / "audit/conversations.arrow", [ONE_TURN, uaa])
+    m = run_tokenize(params_for(tmp_path, target_dir, "base.enable_thinking=false"))
+    assert m["num_input"] == 3 and m["dropped_by_reason"]["unstable_render"] == 1
+    assert sorted(r["sample_id"] for r in read_split(tmp_path / "tokenized", "train")) == sorted(
+        [f"{cids[0]}:0", f"{cids[1]}:0"]
+    )
+    assert f"row 1 (conversation {cids[1]}), assistant message 2" in m["dropped_examples"]["unstable_render"][0]
+
+
+def test_recorded_template_error_drops_the_turn(tmp_path, target_dir):
+    # a template that refuses tool turns (as some do for shapes they do not support)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).symlink_to(qwen3_tokenizer_dir() / name)
+    (tok / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m.content == 'refuse me' %}{{ raise_exception('not this one') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    target = tmp_path / "target"
+    write_json(target / "target.json", {"source": "qwen3", "model": str(tok), "revision": ""})
+    refused = [{"role": "user", "content": "refuse me"}, {"role": "assistant", "content": "A"}]
+    cids = write_conversations(tmp_path / "audit/conversations.arrow", [ONE_TURN, refused])
+    m = run_tokenize(params_for(tmp_path, target))
+    assert m["num_samples"] == 1 and m["dropped_by_reason"]["template_error"] == 1
+    (example,) = m["dropped_examples"]["template_error"]
+    assert f"row 1 (conversation {cids[1]}), assistant message 1: chat template error: not this one" in example
 
 
 # ------------------------------------------------------------------ generated source
@@ -286,6 +325,8 @@ def test_generated_exact_samples_and_each_filter(tmp_path, target_dir):
         "overlong": 1,
         "few_loss_tokens": 2,  # "f" (2 tokens) and "g" (1 token: min_loss_tokens comes first)
         "no_anchor_pair": 0,
+        "template_error": 0,
+        "unstable_render": 0,
     }
     assert m["num_input"] == 8 == m["num_samples"] + m["num_dropped"] and m["kept_plus_dropped_equals_input"]
     assert m["input"].endswith("run-abc")

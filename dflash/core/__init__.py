@@ -1,13 +1,16 @@
 """Shared cores every stage builds on; no stage logic here.
 
   params.py, loader.py   the params schema (dataclasses) and its strict loader (-S overrides, overlays)
+  yamlio.py              the ONE YAML reading (DVC's: YAML 1.2 core schema, duplicate keys refused)
   cli.py, errors.py      the stages' command line; UserError, the one error type a user can fix
+  paths.py               output folders that overlap each other or an input are refused before any stage runs
   io.py                  atomic writes, JSON, hashes, Arrow IPC shards
   chat.py                chat-template rendering (transformers' tokenizer, or jinja2 + tokenizers: no torch)
   target_config.py       the ONE reader of a target's target.json / config.json (TargetArch)
   hf.py                  the target through transformers: tokenizer, config fallback, weights (lazy imports)
   contracts.py           the Arrow schemas handed from stage to stage
   gates.py               data-quality gates (audit and tokenize)
+  validate.py            the params checks plan, generate, eval and train run first (engine / train / plan sizes)
   processes.py           engine worker processes: clean exit, process-tree kill (generate and eval)
   overlay.py             write a params overlay into params.yaml (`python -m dflash.core.overlay`)
 

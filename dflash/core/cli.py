@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dflash.core.errors import UserError
 from dflash.core.loader import load_params
 from dflash.core.params import Params
+from dflash.core.paths import check_paths
 
 
 def parse_stage_args(
@@ -46,6 +47,7 @@ def parse_stage_args(
         add_args(parser)
     args = parser.parse_args(argv)
     params = load_params(args.params, args.overrides, args.overlay)
+    check_paths(params, args.params)  # before any work: outputs that overlap each other or an input
     return params, args
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dflash.core.errors import ParamsError
 from dflash.core.params import GateParams
 
 
@@ -28,11 +29,29 @@ def loss_mask_spike(loss_mask_sums: Any) -> tuple[int, float]:
     return int(uniq[k]), float(counts[k] / values.size)
 
 
+def check_gates(gates: Any, section: str) -> None:
+    """ParamsError for a gate whose `max` is not a share in [0, 1] (NaN included)."""
+    for f in dataclasses.fields(gates):
+        gate = getattr(gates, f.name)
+        if not 0.0 <= gate.max <= 1.0:
+            raise ParamsError(f"{section}.{f.name}.max: must be a share in [0, 1], got {gate.max!r}")
+
+
+AUTO_MEANS_FAIL = "auto: fail (this gate does not depend on where the responses come from)"
+
+
 def evaluate_gates(
-    values: Mapping[str, float | None], gates: Any, fixes: Mapping[str, str] | None = None
+    values: Mapping[str, float | None],
+    gates: Any,
+    fixes: Mapping[str, str] | None = None,
+    auto: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[dict]:
     """Compare measured shares with gates (a dataclass whose fields are GateParams, or a mapping
-    name -> GateParams). A gate is crossed when value > max. Returns one dict per gate."""
+    name -> GateParams). A gate is crossed when value > max. Returns one dict per gate.
+
+    `auto`: gate name -> (action, why) for the gates whose `action: auto` depends on the stage's situation
+    (the audit: where the responses come from); every other `auto` gate fails. Each result keeps what was
+    configured (`configured`), the action that applied (`action`) and, for auto, why (`why`)."""
     items = (
         {f.name: getattr(gates, f.name) for f in dataclasses.fields(gates)}
         if dataclasses.is_dataclass(gates)
@@ -45,12 +64,18 @@ def evaluate_gates(
             raise ValueError(f"gate {name!r}: no measured value of that name (have: {', '.join(sorted(values))})")
         value = values[name]
         crossed = value is not None and value > gate.max
+        action, why = gate.action, ""
+        if action == "auto":
+            action, why = (auto or {}).get(name, ("fail", AUTO_MEANS_FAIL))
+        assert action in ("fail", "report"), f"gate {name}: action {action!r} after resolving auto"
         results.append(
             {
                 "name": name,
                 "value": value,
                 "max": gate.max,
-                "action": gate.action,
+                "configured": gate.action,
+                "action": action,
+                "why": why,
                 "crossed": crossed,
                 "fix": (fixes or {}).get(name, ""),
             }

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,30 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | Path) -> Iterator[Path]:
+    """Yield an empty staging folder beside `out`; on success it replaces `out` whole (old contents gone, new
+    ones in place in two renames). On an exception the staging folder is removed and `out` is left as it was,
+    so a failed or refused run never leaves new files beside old ones (dflash.core.paths keeps `out` free of
+    anything else)."""
+    out = Path(out)
+    staging = out.parent / f".{out.name}.partial"
+    old = out.parent / f".{out.name}.old"
+    for leftover in (staging, old):  # from a run killed mid-way
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:

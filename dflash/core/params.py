@@ -177,10 +177,17 @@ class PlanParams:
 
 @dataclass(frozen=True)
 class GateParams:
-    """One data-quality gate: a measured share compared with `max` (shared by audit and tokenize)."""
+    """One data-quality gate: a measured share compared with `max` (shared by audit and tokenize).
+
+    `action: auto` decides from what the data is used for: the audit's response gates (placeholder, length
+    spike, repeated response) fail when `tokenize.source` is `recorded` (those answers are trained on as
+    written) and report when it is `generated` (the generate stage replaces every response); on every other
+    gate auto means fail. The report says which action applied and why."""
 
     max: float  # largest acceptable value of the measured share (0..1); crossed when the value is above it
-    action: Literal["fail", "report"]  # fail: the stage writes everything, then exits non-zero; report: only reported
+    action: Literal[
+        "auto", "fail", "report"
+    ]  # fail: write everything, then exit non-zero; report: only reported; auto: see below
 
 
 @dataclass(frozen=True)
@@ -203,12 +210,16 @@ class AuditParams:
     out: str  # output folder: conversations.arrow, rejected.jsonl, audit_details.json, report.md, plots/
     tokenizer: str  # auto (the target's if present), target (required), none, or a folder with tokenizer.json
     max_prompt_tokens: int  # reject longer prompts (tokens, with the generation prompt; needs a tokenizer)
+    exhaustive_tokens: (
+        bool  # render and tokenize every row; false: exact verdicts from a byte bound + one render per structure
+    )
+    token_sample_rows: int  # rows (seeded sample) whose prompt tokens and loss-mask sums feed the token statistics
     placeholder_texts: list[str]  # assistant texts that are placeholders (compared lowercased, letters and digits only)
     short_response_chars: int  # responses of at most this many characters count as short (reported)
     repeated_response_min_share: float  # a response text held by this share of responses or more (and 2+) is repeated
     chunk_bytes: int  # input bytes read per chunk: bounds memory; larger is faster
     examples: int  # example rows (file:row) listed per check in audit_details.json and report.md
-    gates: AuditGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
+    gates: AuditGates  # each: max (largest acceptable share, crossed when above) and action (auto | fail | report)
 
 
 EvalEngine = Literal["dflash", "untrained", "ngram", "none"]
@@ -271,7 +282,7 @@ class TokenizeParams:
     rows_per_shard: int  # samples per output Arrow shard
     chunk_rows: int  # input rows per work chunk (bounds each worker's memory)
     num_workers: int  # tokenizer processes (1 = in the stage process)
-    gates: TokenizeGates  # each: max (largest acceptable share, crossed when above) and action (fail | report)
+    gates: TokenizeGates  # each: max (largest acceptable share, crossed when above) and action (auto | fail | report)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 from dflash.core.errors import UserError
 from dflash.core.hf import load_tokenizer
-from dflash.core.io import write_json
+from dflash.core.io import staged_folder, write_json
 from dflash.core.params import BaseParams, TargetParams
 from dflash.core.target_config import TARGET_JSON
 
@@ -165,15 +165,17 @@ def pretrain(model: Any, docs: list[list[int]], tp: TargetParams, seed: int) -> 
 
 def build_tiny(tp: TargetParams, base: BaseParams, out_dir: str | Path) -> dict:
     """Build, pre-train and save the tiny target into `out_dir`; return its metrics."""
+    out = Path(out_dir)
+    with staged_folder(out) as staging:  # a failed build leaves the previous target as it was
+        return _build_tiny(tp, base, out, staging)
+
+
+def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path) -> dict:
     import torch
     from transformers import Qwen3ForCausalLM
 
     from dflash.target.synthetic import pretrain_corpus
 
-    out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     torch.manual_seed(base.seed)
     torch.use_deterministic_algorithms(True)
     tok_dir = qwen3_tokenizer_dir()
@@ -186,25 +188,26 @@ def build_tiny(tp: TargetParams, base: BaseParams, out_dir: str | Path) -> dict:
     if tp.tiny.steps > 0:
         docs = _corpus_ids(tokenizer, pretrain_corpus(tp.tiny.corpus_size, base.seed), tp.tiny.max_length)
         metrics.update(pretrain(model, docs, tp, base.seed))
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(staging, safe_serialization=True)
     for f in tok_dir.iterdir():
-        shutil.copy(f, out / f.name)
+        shutil.copy(f, staging / f.name)
     info = {
         "source": "tiny",
         "model": str(out),
         "revision": "",
         "architectures": config.architectures or ["Qwen3ForCausalLM"],
     }
-    write_json(out / TARGET_JSON, info)
+    write_json(staging / TARGET_JSON, info)
     return metrics
 
 
 def write_reference(tp: TargetParams, out_dir: str | Path, trust_remote_code: bool) -> dict:
     """For a real target: record which model (path or hub id + revision) and keep its config.json."""
-    out = Path(out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    with staged_folder(Path(out_dir)) as out:  # written whole, or the previous one is kept
+        return _write_reference(tp, out, trust_remote_code)
+
+
+def _write_reference(tp: TargetParams, out: Path, trust_remote_code: bool) -> dict:
     src = Path(tp.source)
     info: dict[str, Any] = {"source": tp.source, "model": tp.source, "revision": tp.revision}
     if src.is_dir():

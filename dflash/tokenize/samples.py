@@ -38,8 +38,14 @@ REASONS = (
     "overlong",  # longer than max_length (overlong: drop)
     "few_loss_tokens",  # fewer than min_loss_tokens supervised tokens
     "no_anchor_pair",  # no two adjacent supervised tokens (DFlash needs an anchor and its next token)
+    "template_error",  # recorded: the chat template refused the conversation up to this turn
+    "unstable_render",  # recorded: the prompt render is not a prefix of the turn's render (text or token ids), or the
+    # turn does not end with the template's end-of-turn tokens: its loss mask would be misplaced
 )
-NOT_COMPLETED, TRUNCATED, MISSING_THINK_END, OVERLONG, FEW_LOSS_TOKENS, NO_ANCHOR_PAIR = range(1, 7)  # 0 = kept
+(NOT_COMPLETED, TRUNCATED, MISSING_THINK_END, OVERLONG, FEW_LOSS_TOKENS, NO_ANCHOR_PAIR, TEMPLATE_ERROR, UNSTABLE) = (
+    range(1, 9)
+)  # 0 = kept
+MAX_EXAMPLES = 5  # dropped-row examples kept per reason (file, row, conversation, what is wrong)
 GENERATED_COLUMNS = (
     "sample_id",
     "conversation_id",
@@ -85,6 +91,7 @@ class Candidates:
     completion: pa.ListArray  # list<int32>
     reason: np.ndarray  # (n,) int8: 0 or the code of a source-specific drop reason
     info: dict[str, int] = field(default_factory=dict)  # extra counts (recorded: tool-call turns...)
+    examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> "FILE: row N (conversation C): what"
 
 
 @dataclass
@@ -97,6 +104,7 @@ class ChunkResult:
     tokens: dict[str, int]  # split -> tokens; "<split>_loss" -> supervised tokens
     cut: int  # kept samples cut to max_length
     info: dict[str, int]
+    examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> first dropped rows, with details
 
 
 _STATE: dict[str, Any] = {}  # per process: spec, chat template, turn end, last decompressed batch
@@ -180,12 +188,21 @@ def _unstable(where: str, cid: str, i: int, prefix: str, full: str) -> str:
 
 def recorded_candidates(b: pa.RecordBatch, chunk: Chunk, spec: Spec) -> Candidates:
     """Conversations -> one candidate per assistant turn without tool calls (or the last one): the
-    prompt render's ids, then the ids the turn adds up to its end-of-turn token."""
+    prompt render's ids, then the ids the turn adds up to its end-of-turn token. A turn the template
+    refuses or renders unstably is a dropped candidate (template_error / unstable_render) naming its row."""
     chat = _STATE["chat"]
     end_id, tail = _STATE["end"]
     kwargs = spec.template_kwargs
-    sids, cids, turns, prefixes, fulls, where = [], [], [], [], [], []
+    sids, cids, turns, prefixes, fulls, where, codes = [], [], [], [], [], [], []
     info = {"tool_call_turns": 0, "conversations_without_turns": 0}
+    examples: dict[str, list[str]] = {}
+
+    def drop(code: int, text: str) -> None:
+        codes[-1] = code
+        bucket = examples.setdefault(REASONS[code - 1], [])
+        if len(bucket) < MAX_EXAMPLES:
+            bucket.append(text)
+
     rows = zip(b["conversation_id"].to_pylist(), b["messages"].to_pylist(), b["tools"].to_pylist(), strict=True)
     for r, (cid, messages_json, tools_json) in enumerate(rows):
         row = f"{chunk.path}: row {chunk.first_row + chunk.start + r}"
@@ -196,47 +213,59 @@ def recorded_candidates(b: pa.RecordBatch, chunk: Chunk, spec: Spec) -> Candidat
         info["conversations_without_turns"] += not targets
         picked = list(enumerate(targets))
         for k, i in picked[-1:] if spec.params.recorded_turns == "last" else picked:
+            sids.append(f"{cid}:{k}")
+            cids.append(cid)
+            turns.append(k)
+            where.append((row, cid, i))
+            codes.append(0)
+            prefix = full = ""
             try:
                 prefix = chat.render(messages[:i], True, kwargs, tools)
                 full = chat.render(messages[: i + 1], False, kwargs, tools)
             except Exception as exc:  # jinja raise_exception / undefined: the template refuses this shape
-                raise UserError(
-                    f"{row} (conversation {cid}), assistant message {i}: chat template error: {exc}"
-                ) from None
-            if not full.startswith(prefix):
-                raise UserError(_unstable(row, cid, i, prefix, full))
-            sids.append(f"{cid}:{k}")
-            cids.append(cid)
-            turns.append(k)
+                prefix = full = ""
+                drop(TEMPLATE_ERROR, f"{row} (conversation {cid}), assistant message {i}: chat template error: {exc}")
+            else:
+                if not full.startswith(prefix):
+                    drop(UNSTABLE, _unstable(row, cid, i, prefix, full))
+                    prefix = full = ""
             prefixes.append(prefix)
             fulls.append(full)
-            where.append((row, cid, i))
     # ids only: encode_batch_fast (tokenizers >= 0.20) skips the character offsets we never use
     encode = getattr(chat.tokenizer, "encode_batch_fast", chat.tokenizer.encode_batch)
     encoded = [e.ids for e in encode(prefixes + fulls, add_special_tokens=False)]
     prompts, completions = encoded[: len(prefixes)], []
     for j, (row, cid, i) in enumerate(where):
         p_ids, f_ids = prompts[j], encoded[len(prefixes) + j]
-        stop = len(f_ids) - len(tail)
-        if f_ids[: len(p_ids)] != p_ids:
-            raise UserError(
-                f"{row} (conversation {cid}), assistant message {i}: the prompt's token ids are not a prefix of "
-                "the full render's (a token crosses the prompt / response boundary); the loss mask would be misplaced"
-            )
-        if tuple(f_ids[stop:]) != tail or stop <= len(p_ids) or (end_id is not None and f_ids[stop - 1] != end_id):
-            raise UserError(
-                f"{row} (conversation {cid}), assistant message {i}: the rendered turn does not end with the "
-                f"template's end-of-turn tokens {[end_id, *tail]} (ends with {f_ids[-3:]})"
-            )
-        completions.append(f_ids[len(p_ids) : stop])
+        completion: list[int] = []
+        if codes[j] == 0:
+            stop = len(f_ids) - len(tail)
+            if f_ids[: len(p_ids)] != p_ids:
+                codes[j] = UNSTABLE
+                why = "the prompt's token ids are not a prefix of the full render's (a token crosses the boundary)"
+            elif (
+                tuple(f_ids[stop:]) != tail or stop <= len(p_ids) or (end_id is not None and f_ids[stop - 1] != end_id)
+            ):
+                codes[j] = UNSTABLE
+                why = f"the rendered turn does not end with the template's end-of-turn tokens {[end_id, *tail]}"
+            else:
+                completion = f_ids[len(p_ids) : stop]
+            if codes[j]:
+                bucket = examples.setdefault(REASONS[UNSTABLE - 1], [])
+                if len(bucket) < MAX_EXAMPLES:
+                    bucket.append(f"{row} (conversation {cid}), assistant message {i}: {why}")
+        if codes[j]:
+            prompts[j] = []
+        completions.append(completion)
     return Candidates(
         pa.array(sids, pa.string()),
         pa.array(cids, pa.string()),
         pa.array(turns, pa.int32()),
         pa.array(prompts, pa.list_(pa.int32())),
         pa.array(completions, pa.list_(pa.int32())),
-        np.zeros(len(sids), dtype=np.int8),
+        np.array(codes, dtype=np.int8),
         info,
+        examples,
     )
 
 
@@ -324,6 +353,7 @@ def finish(cand: Candidates, spec: Spec, rows_read: int) -> ChunkResult:
         tokens=tokens,
         cut=int(over[keep].sum()),
         info=cand.info,
+        examples=cand.examples,
     )
 
 

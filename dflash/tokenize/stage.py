@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import sys
 import time
 from collections import Counter
@@ -73,12 +72,13 @@ import pyarrow as pa
 
 from dflash.core.chat import template_kwargs
 from dflash.core.errors import UserError
-from dflash.core.gates import evaluate_gates, failed_gates, loss_mask_spike
-from dflash.core.io import atomic_write, write_arrow, write_json
+from dflash.core.gates import check_gates, evaluate_gates, failed_gates, loss_mask_spike
+from dflash.core.io import atomic_write, staged_folder, write_arrow, write_json
 from dflash.core.metrics import write_metrics
 from dflash.core.params import Params, TokenizeParams
 from dflash.core.target_config import target_signature, tokenizer_folder
 from dflash.tokenize.samples import (
+    MAX_EXAMPLES,
     REASONS,
     SCHEMA,
     ChunkResult,
@@ -128,6 +128,7 @@ def validate(p: TokenizeParams) -> None:
     for key, ok, what in checks:
         if not ok:
             raise UserError(f"tokenize.{key}: {what} (got {getattr(p, key)!r})")
+    check_gates(p.gates, "tokenize.gates")
 
 
 class ShardWriter:
@@ -175,6 +176,7 @@ class Totals:
     histogram: Counter = field(default_factory=Counter)
     cut: int = 0
     info: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, r: ChunkResult) -> None:
         self.rows += r.rows
@@ -189,6 +191,9 @@ class Totals:
         self.histogram.update(r.histogram)
         self.cut += r.cut
         self.info.update(r.info)
+        for reason, texts in r.examples.items():
+            bucket = self.examples.setdefault(reason, [])
+            bucket += texts[: MAX_EXAMPLES - len(bucket)]
 
 
 def _progress(total: int):
@@ -221,42 +226,44 @@ def run(params: Params) -> dict[str, Any]:
     log.info("tokenize (%s): %d input rows in %d chunks from %s", p.source, num_rows, len(chunks), provenance["input"])
 
     out = Path(p.out)
-    staging = out.parent / f".{out.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    writers = {name: ShardWriter(staging / name, p.rows_per_shard) for name in ("train", "eval")}
-    totals = Totals()
-    bar = _progress(num_rows)
-    for result in results(chunks, spec, p.num_workers):
-        totals.add(result)
-        for name, writer in writers.items():
-            writer.add(result.splits[name])
-        bar.update(result.rows)
-    bar.close()
-    shards = {name: writer.close() for name, writer in writers.items()}
+    with staged_folder(out) as staging:  # the new output appears whole; a failed run leaves the old one as it was
+        writers = {name: ShardWriter(staging / name, p.rows_per_shard) for name in ("train", "eval")}
+        totals = Totals()
+        bar = _progress(num_rows)
+        for result in results(chunks, spec, p.num_workers):
+            totals.add(result)
+            for name, writer in writers.items():
+                writer.add(result.splits[name])
+            bar.update(result.rows)
+        bar.close()
+        shards = {name: writer.close() for name, writer in writers.items()}
 
-    metrics = summarize(totals, p, spec)
-    metrics.update(
-        {**provenance, "tokenizer": tokenizer_dir, "num_input_rows": num_rows, "out": str(out)},
-        target_signature=target_signature(Path(base.target_dir) / "config.json"),
-        num_train_shards=shards["train"],
-        num_eval_shards=shards["eval"],
-    )
-    manifest = {
-        k: metrics[k]
-        for k in ("source", "input", "tokenizer", "num_samples", "train_samples", "eval_samples", "total_tokens")
-    }
-    manifest.update(
-        run_hash=provenance.get("run_hash", ""),
-        max_length=p.max_length,
-        num_train_shards=shards["train"],
-        num_eval_shards=shards["eval"],
-        schema=[f"{f.name}: {f.type}" for f in SCHEMA],
-    )
-    write_json(staging / "manifest.json", manifest)
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)  # the new output appears whole
+        metrics = summarize(totals, p, spec)
+        if metrics["num_samples"] == 0:
+            why = ", ".join(f"{k}: {v}" for k, v in metrics["dropped_by_reason"].items() if v) or "no input rows"
+            examples = [e for texts in metrics["dropped_examples"].values() for e in texts[:1]]
+            raise UserError(
+                f"tokenize ({p.source}, {provenance['input']}): 0 samples from {metrics['num_input']} candidates "
+                f"({why}){'; e.g. ' + examples[0] if examples else ''}. Nothing was written; {out} is unchanged."
+            )
+        metrics.update(
+            {**provenance, "tokenizer": tokenizer_dir, "num_input_rows": num_rows, "out": str(out)},
+            target_signature=target_signature(Path(base.target_dir) / "config.json"),
+            num_train_shards=shards["train"],
+            num_eval_shards=shards["eval"],
+        )
+        manifest = {
+            k: metrics[k]
+            for k in ("source", "input", "tokenizer", "num_samples", "train_samples", "eval_samples", "total_tokens")
+        }
+        manifest.update(
+            run_hash=provenance.get("run_hash", ""),
+            max_length=p.max_length,
+            num_train_shards=shards["train"],
+            num_eval_shards=shards["eval"],
+            schema=[f"{f.name}: {f.type}" for f in SCHEMA],
+        )
+        write_json(staging / "manifest.json", manifest)
 
     metrics["elapsed_s"] = round(time.perf_counter() - start, 3)
     metrics["tokens_per_s"] = round(metrics["total_tokens"] / max(metrics["elapsed_s"], 1e-9), 1)
@@ -283,6 +290,7 @@ def summarize(t: Totals, p: TokenizeParams, spec: Spec) -> dict[str, Any]:
         "num_dropped": num_input - kept,
         "kept_plus_dropped_equals_input": kept + sum(dropped.values()) == num_input,
         "dropped_by_reason": dropped,
+        "dropped_examples": t.examples,  # reason -> the first rows dropped for it (recorded: file, row, what is wrong)
         "dropped_frac": round((num_input - kept) / num_input, 6) if num_input else 0.0,
         "truncated_to_max_length": t.cut,
         "train_samples": t.samples["train"],

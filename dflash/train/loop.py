@@ -42,7 +42,8 @@ import torch
 from dflash.core.errors import UserError
 from dflash.core.hf import load_target_model, target_config_dict, target_tokenizer
 from dflash.core.loader import as_dict
-from dflash.core.params import Params, TrainParams
+from dflash.core.params import Params
+from dflash.core.validate import check_train
 from dflash.drafter.geometry import build_drafter_config, config_dict
 from dflash.drafter.masks import build_masks
 from dflash.drafter.model import (
@@ -90,38 +91,6 @@ HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def check_params(tp: TrainParams) -> None:
-    """UserError naming `train.<key>` for values no run can use."""
-    rules = {
-        "max_length": tp.max_length >= 2,
-        "max_tokens_per_row": tp.max_tokens_per_row >= tp.max_length,
-        "pack_window": tp.pack_window >= 1,
-        "num_anchors": tp.num_anchors >= 1,
-        "epochs": tp.epochs >= 1,
-        "batch_size": tp.batch_size >= 1,
-        "grad_accum_steps": tp.grad_accum_steps >= 1,
-        "lr": tp.lr > 0,
-        "min_lr_ratio": 0 <= tp.min_lr_ratio <= 1,
-        "warmup_ratio": 0 <= tp.warmup_ratio < 1,
-        "weight_decay": tp.weight_decay >= 0,
-        "adam_betas": len(tp.adam_betas) == 2 and all(0 <= b < 1 for b in tp.adam_betas),
-        "grad_clip": tp.grad_clip >= 0,
-        "loss_gamma": tp.loss_gamma > 0,
-        "logits_chunk_blocks": tp.logits_chunk_blocks >= 1,
-        "feature_noise": tp.feature_noise >= 0,
-        "gpus_per_process": tp.gpus_per_process >= 1,
-        "target_batch_tokens": tp.target_batch_tokens >= 1,
-        "checkpoint_every": tp.checkpoint_every >= 0,
-        "keep_checkpoints": tp.keep_checkpoints >= 1,
-        "log_every": tp.log_every >= 1,
-        "max_steps": tp.max_steps >= 0,
-    }
-    for key, ok in rules.items():
-        if not ok:
-            extra = f" (must be >= train.max_length {tp.max_length})" if key == "max_tokens_per_row" else ""
-            raise UserError(f"train.{key}: invalid value {getattr(tp, key)!r}{extra}")
-
-
 def resolve_device(spec: str, key: str, local_rank: int, gpus_per_process: int) -> torch.device:
     """auto | cpu | cuda | cuda:N -> a device; N counts from this process's first GPU."""
     if spec == "auto":
@@ -155,7 +124,7 @@ class Trainer:
     def __init__(self, params: Params, data_dir: str | Path):
         tp, base = params.train, params.base
         self.params, self.tp = params, tp
-        check_params(tp)
+        check_train(params)  # dflash/core/validate.py: the plan refuses the same
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -171,11 +140,6 @@ class Trainer:
         target_cfg = target_config_dict(base.target_dir, base.trust_remote_code)
         tokenizer = target_tokenizer(base.target_dir, base.trust_remote_code)
         self.cfg = build_drafter_config(params.drafter, target_cfg, tokenizer)
-        if tp.max_length + self.cfg.block_size > self.cfg.max_position_embeddings:
-            raise UserError(
-                f"train.max_length: {tp.max_length} + block_size exceeds drafter.max_position_embeddings "
-                f"{self.cfg.max_position_embeddings}"
-            )
         # 2. data: index and epoch plans (metadata only)
         self.index: DocIndex = scan_shards(data_dir, tp.max_length, self.cfg.vocab_size, self.cfg.mask_token_id)
         if not len(self.index.usable):
@@ -422,15 +386,16 @@ class Trainer:
             torch.distributed.destroy_process_group()
 
     def export(self) -> Path:
-        from dflash.core.io import write_json
+        from dflash.core.io import staged_folder, write_json
         from dflash.drafter.export import save_drafter
 
         out = Path(self.tp.out) / "drafter"
         if self.rank == 0:
             dtype = _DTYPES[self.tp.export_dtype] if self.tp.export_dtype != "auto" else self.dtype
             model = copy.deepcopy(self.model).to(dtype)
-            save_drafter(model, self.cfg, out)
-            write_json(out / "run_info.json", checkpoint.run_info(as_dict(self.params), {"steps": self.step}))
+            with staged_folder(out) as staging:  # eval never sees new weights beside an old config
+                save_drafter(model, self.cfg, staging)
+                write_json(staging / "run_info.json", checkpoint.run_info(as_dict(self.params), {"steps": self.step}))
         self._barrier()
         return out
 
@@ -487,4 +452,4 @@ def train(params: Params, data_dir: str | Path) -> dict:
         trainer.close()
 
 
-__all__ = ["OPERATIONAL", "Trainer", "check_params", "lr_factor", "resolve_device", "train"]
+__all__ = ["OPERATIONAL", "Trainer", "lr_factor", "resolve_device", "train"]
