@@ -43,14 +43,26 @@ def shutdown_engine(engine: Any, outbox: Any, code: int) -> None:
 
 
 def kill_tree(pid: int) -> None:
-    """Kill a worker and every process it started (vLLM engine cores), so nothing is left running."""
+    """Kill a worker and every process it started (vLLM engine cores), so nothing is left running.
+
+    The tree is frozen first (SIGSTOP, level by level) and only then killed: a worker killed while its engine
+    was still starting could otherwise spawn an engine core after its children were listed, and that orphan
+    kept running after the stage had exited."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
         return
+    procs, frontier = [root], [root]
+    while frontier:
+        found = []
+        for p in frontier:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.suspend()
+                found += [c for c in p.children() if c not in procs]
+        procs += found
+        frontier = found
     kill_procs(procs)
 
 
