@@ -7,9 +7,10 @@ dvclive metrics and plots in `${train.live_dir}/`, metrics `${base.reports_dir}/
 
     python -m stages.train --params params.yaml
     torchrun --nproc_per_node 2 -m stages.train --params params.yaml --overlay params/gpu-qwen3.6-27b.yaml
+    torchrun --nnodes N --node-rank R --nproc-per-node M --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \
+        -m stages.train --params params.yaml     # on every node; train.out on a shared filesystem
 """
 
-import os
 from pathlib import Path
 
 from dflash.core import cli
@@ -27,7 +28,7 @@ def main(params):
         summary = trainer.run()
     finally:
         trainer.close()
-    if int(os.environ.get("RANK", "0")) == 0:
+    if trainer.dist.is_main:  # global rank 0 (never LOCAL_RANK: one writer over all nodes)
         write_metrics(params.base.reports_dir, "train", summary, HEADLINE)
         print({k: summary[k] for k in SHOWN})
     if not summary["completed"]:

@@ -325,10 +325,11 @@ def test_stage_on_tiny_target(tmp_path, capsys):
     p = load_params("params.yaml", ["target.tiny.steps=0"])
     build_tiny(p.target, p.base, tmp_path / "target")  # untrained: ~5 s
     argv = ["-S", f"base.target_dir={tmp_path / 'target'}", "-S", f"base.reports_dir={tmp_path / 'reports'}"]
-    code, out, _ = _run_stage(argv, capsys)
+    code, out, _ = _run_stage([*argv, "-S", "plan.deadline_hours=1"], capsys)
     assert code == 0 and "Qwen3ForCausalLM" in out
     result = json.loads((tmp_path / "reports" / "plan_details.json").read_text())
     assert json.loads((tmp_path / "reports" / "plan.json").read_text()) == result["summary"]  # the DVC metrics
+    assert result["summary"]["deadline"]["met"] and result["summary"]["deadline"]["gpus"] == 1  # the tiny one: 1 GPU
     tp = result["target"]["params"]
     assert result["summary"]["target_weights_gb"] == pytest.approx(tp["text_total"] * 2 / 1e9)
     assert result["summary"]["generation_hours"] > 0 and result["summary"]["train_fits"]

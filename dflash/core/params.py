@@ -170,6 +170,10 @@ class PlanParams:
     tokenize_json: str  # tokenize metrics read when present; "" = ${base.reports_dir}/tokenize.json
     pilot_json: str  # generate pilot metrics read when present; "" = ${base.reports_dir}/pilot.json
     gpu_counts: list[int]  # GPU counts for the time-vs-GPUs table and plots
+    deadline_hours: float  # wall-clock deadline for generation + training: the plan sizes the smallest cluster that meets it; 0 = off
+    gpus_per_node: int  # GPUs per node of the deadline's cluster (engines and split processes stay inside a node)
+    internode_gbps: float  # GB/s per direction between nodes (all NICs of a node: 400 Gb/s = 50), gradient all-reduce
+    allreduce_overlap: float  # share of the last micro-step's drafter backward that hides the gradient all-reduce (DDP buckets); 0 = none
     dataset: PlanDatasetParams
     generation: PlanGenerationParams
     train_assumptions: PlanTrainParams
@@ -289,9 +293,9 @@ class TokenizeParams:
 class TrainParams:
     """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train/loop.py).
     Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
-    checkpoint cadence, device placement, max_steps, export_dtype, target_batch_tokens, compile) are left out of
-    the checkpoint folder's config hash, so changing them still resumes; batch_size and grad_accum_steps enter it
-    only through the global batch (rows per optimizer step)."""
+    checkpoint cadence, device placement, the parallel wrapper ddp | fsdp, max_steps, export_dtype,
+    target_batch_tokens, compile) are left out of the checkpoint folder's config hash, so changing them still
+    resumes; batch_size and grad_accum_steps enter it only through the global batch (rows per optimizer step)."""
 
     out: str  # output folder: drafter/ (the z-lab export eval serves) and checkpoints/<config hash>/ (persisted)
     live_dir: str  # dvclive folder: per-step metrics and plots (loss, accuracy per position, lr, tokens/s)
@@ -302,6 +306,7 @@ class TrainParams:
     epochs: int  # passes over the training data
     batch_size: int  # packed rows per process per micro-step (one drafter forward)
     grad_accum_steps: int  # micro-steps per optimizer step
+    global_batch: int  # packed rows per optimizer step on any world size (0 = batch_size x grad_accum_steps x processes); set, it fixes the schedule so a run resumes on another world size
     lr: float  # AdamW peak learning rate
     min_lr_ratio: float  # the cosine schedule ends at lr x this
     warmup_ratio: float  # share of all optimizer steps spent in linear warmup
@@ -317,6 +322,7 @@ class TrainParams:
     target_device: str  # auto | cpu | cuda | cuda:N (N counts from this process's first GPU); auto = cuda:0 or cpu
     drafter_device: str  # same spelling; a different GPU than the target's = the split layout
     gpus_per_process: int  # GPUs each process owns (process r owns GPUs r*n .. r*n+n-1); 2 for the split layout
+    parallel: Literal["ddp", "fsdp"]  # ddp replicates the drafter; fsdp (FSDP2) shards its weights, grads, AdamW state
     target_batch_tokens: int  # padded tokens per target forward (documents batched by length)
     checkpoint_every: int  # optimizer steps between checkpoints (0 = only at epoch ends)
     keep_checkpoints: int  # newest checkpoints kept in the config's folder (older ones are deleted)

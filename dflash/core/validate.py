@@ -74,6 +74,7 @@ TRAIN = {
     "epochs": at_least(1),
     "batch_size": at_least(1),
     "grad_accum_steps": at_least(1),
+    "global_batch": at_least(0),  # 0 = batch_size x grad_accum_steps x processes
     "lr": POSITIVE,
     "min_lr_ratio": ("in [0, 1]", lambda v: 0 <= v <= 1),
     "warmup_ratio": ("in [0, 1)", lambda v: 0 <= v < 1),
@@ -89,7 +90,14 @@ TRAIN = {
     "log_every": at_least(1),
     "max_steps": at_least(0),
 }
-PLAN = {"num_gpus": at_least(1), "price_per_gpu_hour": at_least(0)}
+PLAN = {
+    "num_gpus": at_least(1),
+    "price_per_gpu_hour": at_least(0),
+    "deadline_hours": at_least(0),  # 0 = no deadline
+    "gpus_per_node": at_least(1),
+    "internode_gbps": POSITIVE,
+    "allreduce_overlap": ("in [0, 1]", lambda v: 0 <= v <= 1),
+}
 PLAN_DATASET = {  # > 0 where no metrics file replaces them: dflash/plan/inputs.py; the range: low <= mean <= high
     "num_prompts": at_least(0),
     "mean_prompt_tokens": at_least(0),

@@ -11,7 +11,8 @@ Pure arithmetic on configs and measurements (no torch, no model download):
 
 Models (every knob a param, every assumption printed in the report): generation in
 dflash/plan/generation.py (a roofline decode per engine, cache capacity), training in
-dflash/plan/training.py (FLOPs per sequence at an MFU, per-GPU memory per device layout).
+dflash/plan/training.py (FLOPs per sequence at an MFU, per-GPU memory per device layout); with
+`plan.deadline_hours` set, the smallest cluster that meets it in dflash/plan/deadline.py.
 
 Command: python -m stages.plan --params params.yaml [--overlay params/gpu-qwen3.6-27b.yaml]
 """
@@ -26,6 +27,7 @@ from dflash.core.target_config import TargetArch
 from dflash.core.validate import check_plan
 from dflash.drafter.geometry import build_drafter_config, config_dict, parameter_counts
 from dflash.plan import sizing
+from dflash.plan.deadline import GRAD_BYTES_PER_PARAM, deadline_assumptions, deadline_plan, deadline_summary
 from dflash.plan.generation import generation_estimate
 from dflash.plan.inputs import (
     GpuProfile,
@@ -36,7 +38,7 @@ from dflash.plan.inputs import (
     resolve_paths,
     select_gpu,
 )
-from dflash.plan.training import train_inputs, training_estimate
+from dflash.plan.training import train_inputs, training_at, training_estimate
 
 
 def make_plan(params: Any) -> dict:
@@ -71,9 +73,7 @@ def make_plan(params: Any) -> dict:
             if g >= gs.tensor_parallel_size
             else None
         )
-        # same share of target GPUs in the split layout; a layout that needs more GPUs than g falls back to auto
-        n_t = min(g - 1, max(1, round(g * ta.split_target_gpus / train_gpus))) if g > 1 else None
-        tr = training_estimate(target, drafter, hw, ta, plan.weight_dtype, g, data, n_t, ta.layout if g > 1 else "auto")
+        tr = training_at(target, drafter, hw, ta, plan.weight_dtype, g, data, train_gpus)  # the split's share kept
         row["train_hours"] = tr["headline"]["total_hours"]
         row["train_layout"] = tr["layout"]
         row["train_fits"] = tr["headline"]["fits"]
@@ -96,6 +96,13 @@ def make_plan(params: Any) -> dict:
         "train_cost_usd": train["cost_usd"],
         "target_signature": target.signature,
     }
+    deadline = None
+    if plan.deadline_hours > 0:
+        ctx = {"plan": plan, "target": target, "drafter": drafter, "hw": hw, "gs": gs, "ta": ta, "data": data}
+        ctx |= {"train_gpus": train_gpus, "gpus_per_node": plan.gpus_per_node}
+        ctx["grad_bytes"] = dparams["total"] * GRAD_BYTES_PER_PARAM
+        deadline = deadline_plan(ctx)
+        summary["deadline"] = deadline_summary(deadline)
     return {
         "summary": summary,
         "inputs": {
@@ -126,7 +133,8 @@ def make_plan(params: Any) -> dict:
         "generation": gen,
         "training": train,
         "scaling": scaling,
-        "assumptions": assumptions(params, target, hw),
+        "deadline": deadline,
+        "assumptions": assumptions(params, target, hw) + (deadline_assumptions(deadline) if deadline else []),
     }
 
 

@@ -83,6 +83,8 @@ def render_markdown(p: dict) -> str:
             ],
         ],
     )
+    if p.get("deadline"):
+        lines += deadline_lines(p["deadline"], hw["name"])
     src = p["inputs"]["sources"]
     lines += ["", "## Inputs", ""]
     lines += _table(
@@ -289,6 +291,66 @@ def render_markdown(p: dict) -> str:
     )
     lines += ["", "## Assumptions", ""] + [f"- {a}" for a in p["assumptions"]]
     return "\n".join(lines) + "\n"
+
+
+def deadline_lines(d: dict, gpu_name: str) -> list[str]:
+    """The deadline section (dflash/plan/deadline.py): the cluster, its memory verdict, hours vs GPUs."""
+    c, g = d["chosen"], d["gpus_per_node"]
+    lines = ["", f"## Deadline: {_h(d['hours'])} for generation + training", ""]
+    if d["met"]:
+        lines.append(
+            f"Smallest cluster that meets it: **{d['gpus']} x {gpu_name}** = {d['nodes']} node(s) x {g} GPUs "
+            f"({_h(d['total_hours'])})."
+            + (f" {d['previous']['gpus']} GPUs take {_h(d['previous']['total_hours'])}." if d["previous"] else "")
+        )
+    else:
+        lines.append(
+            f"**NOT MET** by any cluster of up to {d['max_gpus']} GPUs: the best achievable is "
+            f"{_h(d['best_hours'])} on {d['gpus']} GPUs ({d['nodes']} node(s) x {g})."
+        )
+    need = ", ".join(f"{role} {gb:.1f} GB" for role, gb in c["need_gb"].items())
+    lines += [""] + _table(
+        ["", "value"],
+        [
+            ["GPUs / nodes x GPUs per node", f"{d['gpus']} / {d['nodes']} x {g}"],
+            ["generation", _h(d["generation_hours"])],
+            ["training", f"{_h(d['train_hours'])} ({c['layout']}, {c['ranks']} data-parallel drafter rank(s))"],
+            ["total", _h(d["total_hours"])],
+            [
+                "per-GPU memory (training)",
+                f"{need}: {'fits' if c['fits'] else 'DOES NOT FIT'} (margin {c['margin_gb']:.1f} GB)",
+            ],
+            [
+                "gradient all-reduce per step",
+                f"{d['grad_gb_per_step']:.2f} GB: {c['allreduce_s']:.3f} s at {c['link_gbps']:g} GB/s, "
+                f"{c['exposed_s']:.3f} s not hidden (step {c['step_s']:.3f} s, compute {c['compute_step_s']:.3f} s)",
+            ],
+        ],
+    )
+    for s in d["communication_dominates"]:
+        lines += [
+            "",
+            f"Communication dominates from {s['from_gpus']} to {s['to_gpus']} GPUs: training takes "
+            f"{_h(s['to_train_hours'])} instead of {_h(s['from_train_hours'])} (all-reduce {s['allreduce_s']:.2f} s a "
+            f"step over {s['link_gbps']:g} GB/s).",
+        ]
+    lines += ["", "Hours vs GPUs (communication included):", ""]
+    lines += _table(
+        ["GPUs", "nodes", "generation", "training", "total", "all-reduce s/step (exposed)", "meets"],
+        [
+            [
+                r["gpus"],
+                r["nodes"],
+                _h(r["generation_hours"]),
+                _h(r["train_hours"]) + ("" if r["fits"] else " (DOES NOT FIT)"),
+                _h(r["total_hours"]),
+                f"{r['allreduce_s']:.3f} ({r['exposed_s']:.3f})",
+                "yes" if r["total_hours"] is not None and r["total_hours"] <= d["hours"] else "no",
+            ]
+            for r in d["curve"]
+        ],
+    )
+    return lines
 
 
 def scaling_csv(p: dict, column: str) -> str:

@@ -96,6 +96,15 @@ def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, fl
     }
 
 
+def training_at(t, d, hw, ta, weight_dtype, num_gpus, data, planned_gpus) -> dict:
+    """training_estimate on `num_gpus` GPUs with the planned layout scaled to them: the split keeps the planned
+    share of target GPUs (split_target_gpus of `planned_gpus`, at least one of each kind); one GPU is `single`."""
+    if num_gpus < 2:
+        return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, None, "auto")
+    n_t = min(num_gpus - 1, max(1, round(num_gpus * ta.split_target_gpus / planned_gpus)))
+    return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, n_t, ta.layout)
+
+
 def training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, split_target_gpus=None, layout=None) -> dict:
     """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
     plan.train_assumptions.layout; "auto" = the fastest layout that fits)."""

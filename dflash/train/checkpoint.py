@@ -11,6 +11,13 @@ Layout (`${train.out}/checkpoints/`, kept outside DVC's outs so that it survives
                             tensors / numbers / strings only, read back with torch.load(weights_only=True)
       run_info.json         provenance: git SHA, package versions, argv, params
 Only the newest `keep` checkpoints stay. Folders of other configurations are left alone (listed in the log).
+
+Multi-node: only global rank 0 writes (config.json, every checkpoint), then all ranks pass a barrier, so no
+rank ever lists a half-written checkpoint (and the .tmp-* rename makes one invisible anyway); to resume, rank 0
+picks the latest checkpoint and every rank loads that same one (train.out on a filesystem all nodes share).
+The hash covers the global batch (rows per optimizer step), not the world size: a run resumes on another world
+size when train.global_batch keeps its rows per step; `other_batch` finds the folder of the same run under a
+different global batch, so that a world-size change without it is refused instead of silently starting afresh.
 """
 
 from __future__ import annotations
@@ -56,6 +63,36 @@ def config_folder(root: str | Path, key: dict, write: bool = True) -> Path:
     if others:
         log.info("checkpoints of other configurations in %s (not used): %s", root, ", ".join(sorted(others)))
     return folder
+
+
+def other_batch(root: str | Path, key: dict) -> list[tuple[Path, int]]:
+    """(folder, its rows per step) of configurations equal to `key` except in rows_per_step that hold checkpoints."""
+    root, want = Path(root), {k: v for k, v in key.items() if k != "rows_per_step"}
+    found = []
+    if not root.exists():
+        return found
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            other = read_json(folder / CONFIG)
+        except (OSError, ValueError):
+            continue
+        rows = other.pop("rows_per_step", None) if isinstance(other, dict) else None
+        if rows != key.get("rows_per_step") and canonical_json(other) == canonical_json(want) and latest(folder):
+            found.append((folder, int(rows)))
+    return found
+
+
+def refuse_other_batch(root: str | Path, key: dict, split: str) -> None:
+    """UserError when `other_batch` finds this run under another global batch (called when this run's own folder
+    holds no checkpoint): resuming there needs train.global_batch, starting afresh needs the folder moved."""
+    found = other_batch(root, key)
+    if found:
+        folder, rows = found[0]
+        raise UserError(
+            f"{folder}: checkpoints of this run with {rows} rows per optimizer step; this run takes "
+            f"{key['rows_per_step']} ({split}): set train.global_batch={rows} to resume it on this world size, "
+            f"or move {folder} away to start afresh"
+        )
 
 
 def checkpoints(folder: str | Path) -> list[Path]:
@@ -125,13 +162,13 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict, di
 
 
 _HISTORY_FLOATS = ("loss", "grad_norm", "lr", "seconds", "weight")
-_HISTORY_INTS = ("step", "epoch", "tokens")
+_HISTORY_INTS = ("step", "epoch", "tokens", "docs_digest")
 
 
 def pack_history(history: list[dict]) -> dict[str, torch.Tensor]:
     """Per-step metrics as a few tensors (compact, exact: float64 holds Python floats) for state.pt."""
     out = {k: torch.tensor([h[k] for h in history], dtype=torch.float64) for k in _HISTORY_FLOATS}
-    out |= {k: torch.tensor([h[k] for h in history], dtype=torch.long) for k in _HISTORY_INTS}
+    out |= {k: torch.tensor([h.get(k, 0) for h in history], dtype=torch.long) for k in _HISTORY_INTS}
     for k in ("correct", "counted"):
         out[k] = torch.tensor([h[k] for h in history], dtype=torch.long).view(len(history), -1)
     return out
@@ -191,6 +228,8 @@ __all__ = [
     "get_history",
     "latest",
     "load",
+    "other_batch",
+    "refuse_other_batch",
     "pack_history",
     "rng_state",
     "run_info",

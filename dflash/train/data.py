@@ -21,10 +21,17 @@ The generator is seeded by (seed, epoch, document), so every epoch re-samples, a
 packing, on the process that draws it, or on resuming. Anchors never cross documents by construction (t + 1 is
 in the same document) and block labels past a document's end are invalid (model.block_labels with doc_ids).
 
+Sharding (any world size): an optimizer step takes the next `rows_per_step` rows of the epoch plan (the global
+batch, the same set on every world size when train.global_batch is set); slot s of `batch_size` rows
+(rows s*b .. s*b+b-1 of the step) goes to global rank s % world as its micro-step s // world (`shard_step`). Only
+the global RANK / WORLD_SIZE enter; the per-row feature noise is seeded by the row's place in the step, so it
+does not depend on the split either.
+
 Batch contract (one micro-step: `batch_size` rows concatenated into one drafter row; documents stay apart through
 doc_ids, so a concatenation of rows is itself a valid packed row):
   input_ids (S,) long, loss_mask (S,) bool, doc_ids (S,) long (0..D-1), position_ids (S,) long (restart at 0 per
-  document), anchors (N,) long (sorted), doc_starts / doc_lengths (D,) lists (spans for the target forward).
+  document), anchors (N,) long (sorted), doc_starts / doc_lengths (D,) lists (spans for the target forward),
+  row_tokens: tokens of each packed row in order (their concatenation is input_ids), documents: their numbers.
 """
 
 from __future__ import annotations
@@ -247,6 +254,8 @@ class Batch:
     doc_starts: list[int]
     doc_lengths: list[int]
     num_rows: int
+    row_tokens: list[int] | None = None  # tokens of each packed row, in order
+    documents: list[int] | None = None  # document numbers (DocIndex), in order
 
     @property
     def num_tokens(self) -> int:
@@ -281,7 +290,24 @@ def make_batch(rows: list[np.ndarray], reader: ShardReader, num_anchors: int, se
         doc_starts=starts,
         doc_lengths=lengths,
         num_rows=len(rows),
+        row_tokens=[int(reader.index.length[np.asarray(row, dtype=np.int64)].sum()) for row in rows],
+        documents=[int(d) for row in rows for d in row],
     )
+
+
+def docs_digest(documents: list[int]) -> int:
+    """Sum of 31-bit codes of document numbers: an order-free fingerprint of the documents a step fed (the sum
+    over all ranks is exact in float64 below 2**22 documents per step)."""
+    return sum((int(d) * 2654435761 + 12345) % (1 << 31) for d in documents)
+
+
+def shard_step(rows: list, batch_size: int, accum: int, world: int, rank: int) -> list[tuple[int, list]]:
+    """This process's micro-steps of one optimizer step (module docstring, "Sharding"): [(slot, rows)], where
+    `rows` are the step's `batch_size x accum x world` rows and slot s holds rows s*b .. s*b+b-1."""
+    if len(rows) != batch_size * accum * world:
+        raise ValueError(f"a step of {len(rows)} rows cannot be {accum} micro-steps x {world} x {batch_size} rows")
+    slots = [m * world + rank for m in range(accum)]
+    return [(s, rows[s * batch_size : (s + 1) * batch_size]) for s in slots]
 
 
 # --------------------------------------------------------------------------------------------------- writing
@@ -307,6 +333,7 @@ __all__ = [
     "Batch",
     "DocIndex",
     "ShardReader",
+    "docs_digest",
     "anchor_candidates",
     "epoch_rows",
     "make_batch",
@@ -314,5 +341,6 @@ __all__ = [
     "packing_efficiency",
     "sample_anchors",
     "scan_shards",
+    "shard_step",
     "write_shard",
 ]

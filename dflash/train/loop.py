@@ -8,23 +8,29 @@ HEADLINE, and `train_details.json`).
 
     python -m stages.train --params params.yaml                       # one process (CPU, or one GPU)
     torchrun --nproc_per_node 4 -m stages.train --params params.yaml  # data parallel (DDP; gloo on CPU)
+    torchrun --nnodes 2 --node-rank R --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \
+        -m stages.train --params params.yaml                          # on each node (distributed.py)
 
 Order of work (bad params fail before anything heavy): check the train params -> read the target's config.json
 -> build and validate the drafter config -> scan the data (ids in range, no mask token) -> load the target
-weights -> train. Each optimizer step takes `batch_size x grad_accum_steps x world_size` packed rows (the global
-batch, dropped at an epoch's end when incomplete); process r's micro-step m gets rows (m * world + r) of the
-step, so one process with a larger batch sees the same rows as several smaller ones. The loss is normalised by
-the weight sum of the whole global batch (loss.py), which makes gradients independent of that split.
+weights -> train. Each optimizer step takes the global batch: `train.global_batch` packed rows, or when 0
+`batch_size x grad_accum_steps x world_size` (dropped at an epoch's end when incomplete); slot s of batch_size
+rows goes to global rank s % world as its micro-step s // world (data.shard_step), so one process with more
+micro-steps sees the same rows as several processes. The loss is normalised by the weight sum of the whole
+global batch (loss.py), which makes gradients independent of that split up to float summation order.
 
 Devices: `target_device` / `drafter_device` (auto = cuda:0 or cpu). The same GPU for both is the simple layout;
 different GPUs is the split layout (target on one, drafter on another; features, the embedding and the lm_head
-are copied to the drafter's GPU). With torchrun, process r owns GPUs r*gpus_per_process ... (cuda:N counts from
-there). Mixed precision: target weights in the compute dtype (bf16 on GPU), the drafter keeps fp32 master
+are copied to the drafter's GPU). With torchrun, the process of LOCAL_RANK l owns GPUs l*gpus_per_process ... of
+its node (cuda:N counts from there); the global RANK decides the data and who writes (distributed.py). Mixed precision: target weights in the compute dtype (bf16 on GPU), the drafter keeps fp32 master
 weights and runs under bf16 autocast; fp32 everywhere on CPU.
 
 Determinism: the data plan and anchors are functions of (seed, epoch, document), the feature noise of
-(seed, step, micro-step): nothing but model, optimizer, scheduler, RNG states and the step counter must be saved,
-and a resumed run's losses equal the uninterrupted run's bit for bit on CPU (tests/test_train.py).
+(seed, step, row of the step): nothing but model, optimizer, scheduler, RNG states and the step counter must be
+saved, and a resumed run's losses equal the uninterrupted run's bit for bit on CPU (tests/test_train.py). Resumed
+on another world size (same global batch), the step, lr schedule, rows, anchors and noise are the same; only the
+float summation order of the loss and gradients changes (micro-batch shapes, all-reduce order), so losses agree
+to ~1e-6 relative and drift slowly (tests/test_train_multinode.py).
 """
 
 from __future__ import annotations
@@ -32,7 +38,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -52,8 +57,19 @@ from dflash.drafter.model import (
     build_drafter,
     count_parameters,
 )
-from dflash.train import checkpoint
-from dflash.train.data import DocIndex, ShardReader, epoch_rows, make_batch, packing_efficiency, scan_shards
+from dflash.train import checkpoint, parallel
+from dflash.train import distributed as dist
+from dflash.train.data import (
+    DocIndex,
+    ShardReader,
+    docs_digest,
+    epoch_rows,
+    make_batch,
+    packing_efficiency,
+    scan_shards,
+    shard_step,
+)
+from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
 from dflash.train.loss import LMHead, decayed_ce, slot_weights, tau_hat, valid_weight_sum
 
@@ -75,6 +91,8 @@ OPERATIONAL = (
     "gpus_per_process",
     "batch_size",
     "grad_accum_steps",
+    "parallel",  # ddp | fsdp: the same maths (float summation order aside); a run resumes across modes
+    "global_batch",  # these three enter the hash only as rows_per_step (the global batch)
 )
 HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/train_details.json)
     "completed",
@@ -89,25 +107,6 @@ HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/
     "wall_seconds",
 )
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(spec: str, key: str, local_rank: int, gpus_per_process: int) -> torch.device:
-    """auto | cpu | cuda | cuda:N -> a device; N counts from this process's first GPU."""
-    if spec == "auto":
-        spec = "cuda:0" if torch.cuda.is_available() else "cpu"
-    if spec == "cpu":
-        return torch.device("cpu")
-    if spec != "cuda" and not (spec.startswith("cuda:") and spec[5:].isdigit()):
-        raise UserError(f"train.{key}: expected auto, cpu, cuda or cuda:N, got {spec!r}")
-    n = int(spec[5:]) if spec.startswith("cuda:") else 0
-    if not torch.cuda.is_available():
-        raise UserError(f"train.{key}: {spec} requested but CUDA is not available")
-    if n >= gpus_per_process:
-        raise UserError(f"train.{key}: {spec} is outside this process's {gpus_per_process} GPU(s)")
-    gpu = local_rank * gpus_per_process + n
-    if gpu >= torch.cuda.device_count():
-        raise UserError(f"train.{key}: process {local_rank} needs GPU {gpu}, only {torch.cuda.device_count()} exist")
-    return torch.device("cuda", gpu)
 
 
 def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -125,11 +124,10 @@ class Trainer:
         tp, base = params.train, params.base
         self.params, self.tp = params, tp
         check_train(params)  # dflash/core/validate.py: the plan refuses the same
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.target_device = resolve_device(tp.target_device, "target_device", local_rank, tp.gpus_per_process)
-        self.device = resolve_device(tp.drafter_device, "drafter_device", local_rank, tp.gpus_per_process)
+        self.dist = dist.from_env()
+        self.rank, self.world = self.dist.rank, self.dist.world  # global: data shard, writer (never a device)
+        self.target_device = resolve_device(tp.target_device, "target_device", self.dist, tp.gpus_per_process)
+        self.device = resolve_device(tp.drafter_device, "drafter_device", self.dist, tp.gpus_per_process)
         on_gpu = self.device.type == "cuda"
         self.dtype = _DTYPES[tp.dtype] if tp.dtype != "auto" else (torch.bfloat16 if on_gpu else torch.float32)
         self.backend = tp.attention if tp.attention != "auto" else ("flex" if on_gpu else "sdpa")
@@ -144,7 +142,9 @@ class Trainer:
         self.index: DocIndex = scan_shards(data_dir, tp.max_length, self.cfg.vocab_size, self.cfg.mask_token_id)
         if not len(self.index.usable):
             raise UserError(f"{data_dir}: no document has an anchor candidate (two adjacent supervised tokens)")
-        self.rows_per_step = tp.batch_size * tp.grad_accum_steps * self.world
+        self.accum, self.rows_per_step = dist.accumulation(
+            tp.batch_size, tp.grad_accum_steps, tp.global_batch, self.world
+        )
         self._plan_cache: tuple[int, list] = (-1, [])
         rows_per_epoch = [len(self.rows(e)) for e in range(tp.epochs)]  # plans are cheap: metadata only
         self.packing_efficiency = packing_efficiency(self.index, self.rows(0), tp.max_tokens_per_row)
@@ -153,7 +153,7 @@ class Trainer:
         if self.steps_per_epoch[0] == 0:
             raise UserError(
                 f"train.batch_size: an epoch packs {rows_per_epoch[0]} rows, fewer than one optimizer step takes "
-                f"({self.rows_per_step} = batch_size x grad_accum_steps x {self.world} processes)"
+                f"({self.rows_per_step} = batch_size x {self.accum} micro-steps x {self.world} processes)"
             )
         self.seed = base.seed
         key = {
@@ -165,10 +165,21 @@ class Trainer:
             "target": target_identity(base.target_dir, target_cfg),
             "data": self.index.fingerprint(),
         }
-        if self.world > 1 and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
-        self.ckpt_dir = checkpoint.config_folder(Path(tp.out) / "checkpoints", key, write=self.rank == 0)
+        dist.init(self.dist, self.device)
+        root = Path(tp.out) / "checkpoints"
+        self.ckpt_dir = checkpoint.config_folder(root, key, write=self.dist.is_main)
+        dist.agree(self.dist, self.ckpt_dir.name, "the training configuration hash (params, data, target)")
         self._barrier()
+        dist.check_shared(self.dist, self.ckpt_dir / checkpoint.CONFIG, "train.out")
+        problem = None  # a world change without train.global_batch: refused (rank 0 decides for all)
+        if self.dist.is_main and checkpoint.latest(self.ckpt_dir) is None:
+            try:
+                checkpoint.refuse_other_batch(root, key, f"batch_size x {self.accum} micro-steps x {self.world} procs")
+            except UserError as exc:
+                problem = str(exc)
+        problem = dist.broadcast_str(self.dist, problem)
+        if problem:
+            raise UserError(problem)
 
         # 3. the target (weights) and its shared frozen modules
         target = load_target_model(base.target_dir, self.dtype, self.target_device, base.trust_remote_code)
@@ -189,11 +200,8 @@ class Trainer:
         # 4. drafter (fp32 master weights), optimizer, schedule
         torch.manual_seed(base.seed)
         self.model = build_drafter(self.cfg, device=self.device, dtype=torch.float32)
-        self.ddp = None
-        if self.world > 1:
-            ids = [self.device.index] if on_gpu else None
-            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        module = self.ddp or self.model
+        module = parallel.wrap_drafter(self.model, tp.parallel, self.device, self.world, self.dtype)  # ddp | fsdp
+        self.ddp = module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else None
         self.forward = torch.compile(module, dynamic=True) if tp.compile else module
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=tp.lr, betas=tuple(tp.adam_betas), weight_decay=tp.weight_decay
@@ -221,31 +229,32 @@ class Trainer:
             step -= n
         raise IndexError("step past the last epoch")
 
-    def micro_batches(self, step: int) -> list:
-        """This process's micro-steps of a global step (module docstring)."""
+    def step_rows(self, step: int) -> list:
+        """The global batch of an optimizer step: its packed rows (arrays of document numbers), any world size."""
         epoch, i = self.locate(step)
-        rows = self.rows(epoch)[i * self.rows_per_step : (i + 1) * self.rows_per_step]
-        b = self.tp.batch_size
-        out = []
-        for m in range(self.tp.grad_accum_steps):
-            j = (m * self.world + self.rank) * b
-            out.append(
-                (
-                    m * self.world + self.rank,
-                    make_batch(rows[j : j + b], self._reader, self.tp.num_anchors, self.seed, epoch),
-                )
-            )
-        return out
+        return self.rows(epoch)[i * self.rows_per_step : (i + 1) * self.rows_per_step]
+
+    def micro_batches(self, step: int) -> list:
+        """This process's micro-steps of a global step: [(slot, Batch)] (data.shard_step)."""
+        epoch, _ = self.locate(step)
+        slots = shard_step(self.step_rows(step), self.tp.batch_size, self.accum, self.world, self.rank)
+        return [(s, make_batch(r, self._reader, self.tp.num_anchors, self.seed, epoch)) for s, r in slots]
 
     # ------------------------------------------------------------------------------------------- step
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            torch.distributed.all_reduce(t)
-        return t
+        return dist.all_reduce(self.dist, t)
 
     def _barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
+        dist.barrier(self.dist)
+
+    def _noise(self, feats: torch.Tensor, step: int, slot: int, row_tokens: list[int]) -> torch.Tensor:
+        """Uniform feature noise seeded by (seed, step, row of the step): independent of the world size."""
+        parts, first = [], slot * self.tp.batch_size
+        for j, n in enumerate(row_tokens):
+            g = torch.Generator(feats.device).manual_seed(_mix(self.seed, step, first + j))
+            parts.append(torch.rand((n, feats.shape[1]), generator=g, device=feats.device, dtype=torch.float32))
+        noise = torch.cat(parts)
+        return feats + ((noise * 2 - 1) * self.tp.feature_noise).to(feats.dtype)
 
     def compute_gradients(self, step: int) -> dict:
         """Forward + backward of every micro-step of `step`; leaves the (all-reduced) gradients in the drafter."""
@@ -258,8 +267,9 @@ class Trainer:
             labels, valid = block_labels(ids, mask, anchors, c.block_size, docs)
             prepared.append((index, b, ids, docs, anchors, labels, valid))
         local_w = sum(valid_weight_sum(p[6], self.slot_w) for p in prepared)
-        stats = torch.tensor([local_w, sum(p[1].num_tokens for p in prepared)], dtype=torch.float64, device=dev)
-        global_w, tokens = self._reduce(stats).tolist()
+        fed = [sum(p[1].num_tokens for p in prepared), sum(docs_digest(p[1].documents) for p in prepared)]
+        stats = torch.tensor([local_w, *fed], dtype=torch.float64, device=dev)
+        global_w, tokens, digest = self._reduce(stats).tolist()
         normaliser = global_w / self.world  # DDP averages gradients over processes: undo it
         self.opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -269,9 +279,7 @@ class Trainer:
         for n, (index, b, ids, docs, anchors, labels, valid) in enumerate(prepared):
             feats = self.features(b.input_ids, b.doc_starts, b.doc_lengths).to(dev, non_blocking=True)  # (S, K*H)
             if self.tp.feature_noise > 0:
-                g = torch.Generator(dev).manual_seed(_mix(self.seed, step, index))
-                noise = torch.rand(feats.shape, generator=g, device=dev, dtype=torch.float32)
-                feats = feats + ((noise * 2 - 1) * self.tp.feature_noise).to(feats.dtype)
+                feats = self._noise(feats, step, index, b.row_tokens)
             with torch.no_grad():
                 block_embeds = self.embed(block_input_ids(ids, anchors, c.block_size, c.mask_token_id))  # (N*B, H)
             sync = self.ddp is None or n == len(prepared) - 1
@@ -304,11 +312,12 @@ class Trainer:
             "counted": [int(x) for x in packed[1 + c.block_size :]],
             "tokens": int(tokens),
             "weight": global_w,
+            "docs_digest": int(digest),  # the multiset of documents the step fed, over all ranks (tests)
         }
 
     def optimizer_step(self) -> float:
         clip = self.tp.grad_clip if self.tp.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = parallel.clip_grad_norm(self.model, clip)  # the global norm, also over fsdp shards
         self.opt.step()
         self.sched.step()
         return float(norm)
@@ -321,6 +330,8 @@ class Trainer:
             "epoch": epoch,
             "epoch_step": i,
             "total_steps": self.total_steps,
+            "world_size": self.world,  # informational: a resume may use another world size (same global batch)
+            "rows_per_step": self.rows_per_step,
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "rng": checkpoint.rng_state(),
@@ -328,27 +339,36 @@ class Trainer:
         }
 
     def save(self) -> None:
-        if self.rank == 0:
-            info = checkpoint.run_info(as_dict(self.params), {"world_size": self.world, "step": self.step})
+        weights, optim = parallel.full_state(self.model, self.opt)  # full tensors on rank 0 (fsdp: a collective)
+        if self.dist.is_main:  # global rank 0 only; the barrier keeps every rank behind a complete checkpoint
+            writer = {"world_size": self.world, "nodes": self.dist.nodes, "rank": self.rank, "host": self.dist.host}
+            info = checkpoint.run_info(as_dict(self.params), {**writer, "step": self.step})
             path = checkpoint.save(
-                self.ckpt_dir, self.step, self.model.state_dict(), self.state(), info, self.tp.keep_checkpoints
+                self.ckpt_dir, self.step, weights, {**self.state(), "optimizer": optim}, info, self.tp.keep_checkpoints
             )
             log.info("checkpoint %s", path)
         self._barrier()
 
     def resume(self) -> bool:
-        path = checkpoint.latest(self.ckpt_dir)
-        if path is None:
+        latest = checkpoint.latest(self.ckpt_dir) if self.dist.is_main else None
+        name = dist.broadcast_str(self.dist, latest.name if latest else None)  # every rank loads rank 0's pick
+        if name is None:
             return False
+        path = self.ckpt_dir / name
         weights, state = checkpoint.load(path, self.device)
         if state["total_steps"] != self.total_steps:
             raise RuntimeError(f"{path}: planned {state['total_steps']} steps, this run plans {self.total_steps}")
-        self.model.load_state_dict(weights, strict=True)
-        self.opt.load_state_dict(state["optimizer"])
+        parallel.load_full_state(self.model, self.opt, weights, state["optimizer"])  # either mode's checkpoint
         self.sched.load_state_dict(state["scheduler"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.history = int(state["step"]), checkpoint.unpack_history(state["history"])
-        log.info("resumed from %s: %s", path, checkpoint.describe(state))
+        log.info(
+            "resumed from %s: %s, written on %s process(es), now %d",
+            path,
+            checkpoint.describe(state),
+            state.get("world_size", "?"),
+            self.world,
+        )
         return True
 
     # ------------------------------------------------------------------------------------------- loop
@@ -358,7 +378,7 @@ class Trainer:
 
         resumed = self.resume()
         end = self.total_steps if not self.tp.max_steps else min(self.total_steps, self.tp.max_steps)
-        logger = TrainLog(self, enabled=self.rank == 0, end=end)
+        logger = TrainLog(self, enabled=self.dist.is_main, end=end)
         logger.replay(self.history)
         t0 = time.perf_counter()
         while self.step < end:
@@ -382,17 +402,17 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        if self.world > 1 and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        dist.close(self.dist)
 
     def export(self) -> Path:
         from dflash.core.io import staged_folder, write_json
         from dflash.drafter.export import save_drafter
 
         out = Path(self.tp.out) / "drafter"
-        if self.rank == 0:
+        full = parallel.unsharded(self.model, self.rank)  # a plain full-weight copy on rank 0 (fsdp: a collective)
+        if self.dist.is_main:
             dtype = _DTYPES[self.tp.export_dtype] if self.tp.export_dtype != "auto" else self.dtype
-            model = copy.deepcopy(self.model).to(dtype)
+            model = full.to(dtype)
             with staged_folder(out) as staging:  # eval never sees new weights beside an old config
                 save_drafter(model, self.cfg, staging)
                 write_json(staging / "run_info.json", checkpoint.run_info(as_dict(self.params), {"steps": self.step}))
@@ -414,6 +434,8 @@ class Trainer:
             "total_steps": self.total_steps,
             "epochs": self.tp.epochs,
             "world_size": self.world,
+            "nodes": self.dist.nodes,
+            "global_batch_rows": self.rows_per_step,
             "device": str(self.device),
             "target_device": str(self.target_device),
             "dtype": str(self.dtype).removeprefix("torch."),
