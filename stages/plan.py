@@ -5,10 +5,12 @@ Inputs: params `plan`, `drafter`, `base`; the target's config.json (`plan.target
 the audit / tokenize / pilot metrics. No torch, no model download.
 Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (headline metrics),
 `plan_details.json` (everything),
-`plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots).
+`plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots). With
+`plan.deadline_hours` > 0, plan.json["deadline"] holds the smallest cluster that meets it (dflash/plan/deadline.py).
 
     python -m stages.plan --params params.yaml
     python -m stages.plan --overlay params/gpu-qwen3.6-27b.yaml    # Qwen3.6-27B on 4 x RTX PRO 6000
+    python -m stages.plan --overlay params/gpu-qwen3.6-27b.yaml -S plan.deadline_hours=72   # the cluster for 3 days
 """
 
 from pathlib import Path
