@@ -503,7 +503,12 @@ def test_checkpoint_folder_follows_the_config(tmp_path, target, data, uninterrup
 
 def _ddp_worker(rank, world, port, target, data, out, result):
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),  # as torchrun sets it: an in-process vLLM engine leaves its own value behind
     )
     torch.set_num_threads(1)
     trainer = Trainer(_params(Path(target), Path(out)), data)

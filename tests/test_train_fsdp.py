@@ -46,7 +46,12 @@ def _phases() -> list[tuple[str, str, str, int]]:
 
 def _worker(rank, world, port, target_dir, data_dir, root, result):
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),  # as torchrun sets it: an in-process vLLM engine leaves its own value behind
     )
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")  # one group for every phase (Trainer reuses it)
