@@ -19,6 +19,11 @@ def add_args(parser):
     )
 
 
+def _why(failed_unit: dict) -> str:
+    """A failed unit's cause: the request error (servers backend) or the worker's exit code (engines)."""
+    return failed_unit.get("error") or f"exit code {failed_unit['exit_code']}"
+
+
 def main(params, args):
     from dflash.generate import stage as generate
 
@@ -32,7 +37,7 @@ def main(params, args):
     if failed:
         raise UserError(
             f"generate: {len(failed)} work unit(s) failed after retries ({metrics['num_failed']} prompts): "
-            + ", ".join(f"{f['name']} (exit code {f['exit_code']}, {f['attempts']} attempts)" for f in failed)
+            + ", ".join(f"{f['name']} ({_why(f)}, {f['attempts']} attempts)" for f in failed)
             + ". Completed units are kept; fix the cause and re-run to finish them."
         )
 

@@ -406,7 +406,7 @@ def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
         ("generate.unit_size=-3", "generate.unit_size", "must be >= 1, got -3"),
         ("train.epochs=-1", "train.epochs", "must be >= 1, got -1"),  # printed negative hours
         ("train.num_anchors=0", "train.num_anchors", "must be >= 1, got 0"),
-        ("generate.max_num_seqs=0", "generate.max_num_seqs", "must be >= 1, got 0"),
+        ("generate.max_num_seqs=0", "generate.max_num_seqs", "must be >= 1 or auto, got 0"),
         ("generate.gpu_memory_utilization=1.5", "generate.gpu_memory_utilization", "must be in (0, 1], got 1.5"),
         ("plan.train_assumptions.mfu=-0.35", "plan.train_assumptions.mfu", "must be in (0, 1], got -0.35"),
         ("plan.generation.decode_mfu=0", "plan.generation.decode_mfu", "must be in (0, 1], got 0.0"),

@@ -25,7 +25,7 @@ def _in_repo(repo_root, monkeypatch):
 
 def _bad_values(words: str, tp: type) -> list:
     """Values that break a rule stated in words (independent of the rule's own test)."""
-    if m := re.fullmatch(r">= (-?\d+)", words):
+    if m := re.fullmatch(r">= (-?\d+)( or auto)?", words):
         return [tp(int(m.group(1)) - 1)]
     return {
         "> 0": [tp(0), tp(-1)],
@@ -39,7 +39,7 @@ def _cases(rules: dict, prefix: str, cls: type) -> list[tuple[str, object]]:
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     out = []
     for key, (words, _) in rules.items():
-        tp = {"int": int, "float": float}[types[key]]
+        tp = {"int": int, "float": float, "int | Literal['auto']": int}[types[key]]
         out += [(f"{prefix}.{key}", v) for v in _bad_values(words, tp)]
     return out
 

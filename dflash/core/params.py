@@ -106,12 +106,25 @@ class GenerateParams:
     dtype: str  # engine dtype: bfloat16 | float16 | float32
     quantization: str  # "" | fp8 (weights quantized at load)
     max_model_len: int  # context limit; longer prompts are skipped, completions stop there
-    max_num_seqs: int  # concurrent sequences per engine (hybrid targets: bounded by the Mamba/GDN cache)
+    max_num_seqs: (
+        int | Literal["auto"]
+    )  # concurrent sequences per engine / in-flight requests per server; auto = the pilot sweep's chosen_max_num_seqs (hybrid targets: bounded by the Mamba/GDN cache)
     max_num_batched_tokens: int  # tokens per engine step (chunked prefill budget)
     gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) the engine reserves
     enable_prefix_caching: bool  # vLLM prefix caching (little gain on independent prompts)
     enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
     engine_core_process: bool  # run vLLM's engine core in its own process (vLLM's default: overlaps scheduling with the model on GPUs); false = inside the worker (~16 s less start-up per engine on a 2-core CPU)
+    backend: Literal[
+        "engines", "servers"
+    ]  # engines: vLLM engines in our worker processes; servers: a client of OpenAI-compatible servers
+    server_urls: list[
+        str
+    ]  # servers backend: base URLs (http://node7:8000/v1); [] = start num_engines local servers on 127.0.0.1
+    server_model: (
+        str  # model id the servers must list at /v1/models; "" = target.json's model (the tiny target: its folder)
+    )
+    request_timeout_s: float  # servers backend: seconds before a request counts as failed (then retried)
+    pilot_sweep: list[int]  # pilot: in-flight levels measured on one server started at the largest; [] = no sweep
     sampling: GenerateSamplingParams
 
 

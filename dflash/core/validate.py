@@ -55,7 +55,9 @@ GENERATE = {
     "unit_size": at_least(1),
     "max_unit_retries": at_least(0),
     "pilot_samples": at_least(0),
+    "request_timeout_s": POSITIVE,
     **ENGINE,
+    "max_num_seqs": (">= 1 or auto", lambda v: v == "auto" or (isinstance(v, int) and v >= 1)),
 }
 SAMPLING = {"temperature": at_least(0), "top_p": SHARE, "top_k": at_least(0), "max_tokens": at_least(1)}
 EVAL = {
@@ -129,6 +131,27 @@ def check_generate(params: Params, pilot: bool = False) -> None:
     check(g.sampling, "generate.sampling", SAMPLING)
     if pilot and g.pilot_samples < 1:
         raise ParamsError(f"generate.pilot_samples: must be >= 1 for a pilot run, got {g.pilot_samples}")
+    for i, n in enumerate(g.pilot_sweep):
+        if n < 1:
+            raise ParamsError(f"generate.pilot_sweep[{i}]: must be >= 1, got {n}")
+    for i, url in enumerate(g.server_urls):
+        check_server_url(url, f"generate.server_urls[{i}]")
+
+
+def check_server_url(url: str, key: str) -> None:
+    """A server base URL: http(s)://host[:port][/path], nothing else (no credentials, queries or fragments)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a bad port
+    except ValueError as exc:
+        raise ParamsError(f"{key}: {url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ParamsError(f"{key}: {url!r} must be an http:// or https:// URL with a host, e.g. http://node7:8000/v1")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ParamsError(f"{key}: {url!r} must be a plain base URL (no user:password@, ?query or #fragment)")
+    del port
 
 
 def check_eval(params: Params) -> None:

@@ -63,14 +63,22 @@ class DispatchResult:
     wall_s: float
 
 
-def progress_bars(total: int, num_engines: int, initial: int):
+def progress_bars(total: int, num_engines: int, initial: int, labels: list[str] | None = None):
+    """The total bar (prompts, tok/s, ETA) and one bar per engine (`labels`: per-engine names, e.g. server URLs)."""
     from tqdm import tqdm
 
     interactive = sys.stderr.isatty()
     kw = {"mininterval": 0.5 if interactive else 10.0, "dynamic_ncols": True}
     bar = tqdm(total=total, initial=initial, desc="generate (all)", unit="prompt", position=0, **kw)
     engines = [
-        tqdm(total=None, desc=f"  engine {i}", unit="prompt", position=i + 1, leave=False, **kw)
+        tqdm(
+            total=None,
+            desc=f"  {labels[i] if labels else f'engine {i}'}",
+            unit="prompt",
+            position=i + 1,
+            leave=False,
+            **kw,
+        )
         for i in range(num_engines)
     ]
     return bar, engines

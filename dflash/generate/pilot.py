@@ -24,6 +24,8 @@ PILOT_HEADLINE = (  # reports/pilot.json, the DVC metrics the plan reads (everyt
     "finish_length_frac",
     "missing_think_end_frac",
     "estimated_total_hours",
+    "chosen_max_num_seqs",
+    "sweep",
     "target_signature",
 )
 
@@ -77,6 +79,8 @@ def pilot_report(
         "num_failed": metrics["num_failed"],
         "units_failed": metrics["units_failed"],
         "num_engines": g.num_engines,
+        "backend": g.backend,
+        "max_num_seqs": g.max_num_seqs,
         "output_tokens_per_s": tok_s,
         "prompt_tokens_per_s": round(prompt_tok_s, 2) if prompt_tok_s else None,
         "per_engine": per_engine,

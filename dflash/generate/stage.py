@@ -42,6 +42,7 @@ Data contract: one row per regenerated turn, GENERATED_SCHEMA in dflash/core/con
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.core.chat import template_kwargs
+from dflash.core.concurrency import resolve_max_num_seqs
 from dflash.core.contracts import CONVERSATIONS_FILE, CURRENT_RUN_FILE
 from dflash.core.errors import UserError
 from dflash.core.io import config_hash, file_sha256, list_shards, read_arrow, write_json
@@ -59,9 +61,11 @@ from dflash.core.metrics import write_metrics
 from dflash.core.params import Params
 from dflash.core.target_config import resolve, target_signature
 from dflash.core.validate import check_generate
+from dflash.generate.client import serve, server_kwargs
 from dflash.generate.contract import Unit, WorkerConfig, count_prompts
 from dflash.generate.dispatch import DispatchResult, dispatch
 from dflash.generate.pilot import PILOT_HEADLINE, percentile, pilot_report
+from dflash.generate.sweep import run_sweep
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +163,12 @@ def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict) -> Wor
     )
 
 
+def _tokenizer(cfg: WorkerConfig):
+    from dflash.core.hf import load_tokenizer
+
+    return load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.revision)
+
+
 def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
     """Counts over the committed shards of this run (reused + new)."""
     wanted = {u.name for u in units}
@@ -204,9 +214,18 @@ def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
     }
 
 
+def served_model(params: Params, info: dict) -> str:
+    """The model id the servers backend expects at /v1/models: generate.server_model, or "" -> target.json's
+    `model` (a hub id as `vllm serve <hub id>` lists it; the tiny target: its folder). Local servers are
+    started with this --served-model-name."""
+    return params.generate.server_model or info["model"]
+
+
 def run(params: Params, pilot: bool = False) -> dict:
     """The generate stage (or its pilot). Returns the metrics written to reports/."""
     check_generate(params, pilot)  # dflash/core/validate.py: the engine sizes the plan refuses too
+    pilot_json = Path(params.base.reports_dir) / "pilot.json"
+    params = dataclasses.replace(params, generate=resolve_max_num_seqs(params.generate, pilot_json, pilot))
     g = params.generate
     info = resolve(params.base.target_dir)
     source = Path(params.audit.out) / CONVERSATIONS_FILE
@@ -244,8 +263,11 @@ def run(params: Params, pilot: bool = False) -> dict:
     stats = DispatchResult(  # every unit was committed by an earlier run: nothing to dispatch
         failed_units=[], engine_start_s=[], per_engine={}, tokens_this_session=0, gen_wall_s=0.0, wall_s=0.0
     )
-    if todo:
-        stats = dispatch(todo, _worker_cfg(params, run_dir, run_hash, info), g, total, done_prompts)
+    cfg = _worker_cfg(params, run_dir, run_hash, info)
+    if todo and g.backend == "servers":
+        stats = serve(todo, cfg, g, total, done_prompts, served_model(params, info))
+    elif todo:
+        stats = dispatch(todo, cfg, g, total, done_prompts)
     summary = summarize(run_dir, units, stats.failed_units)
     lengths = summary.pop("output_lengths")
     metrics: dict[str, Any] = {
@@ -266,6 +288,8 @@ def run(params: Params, pilot: bool = False) -> dict:
     }
     accounted = metrics["num_completed"] + metrics["num_skipped"] + metrics["num_failed"]
     assert accounted == total, f"generate accounting: {accounted} != {total} prompts"
+    metrics["backend"] = g.backend
+    metrics["max_num_seqs"] = g.max_num_seqs
     if pilot:
         metrics = pilot_report(
             metrics,
@@ -275,6 +299,11 @@ def run(params: Params, pilot: bool = False) -> dict:
             g=g,
             seed=params.base.seed,
         )
+        sweep = {"sweep": [], "chosen_max_num_seqs": None}
+        if g.pilot_sweep:
+            sweep = run_sweep(g, cfg, _tokenizer(cfg), conversations, served_model(params, info), **server_kwargs(cfg))
+        metrics.update(sweep)
+        write_json(Path(params.base.reports_dir) / "pilot_sweep.json", sweep["sweep"])  # the dvc plots data
         write_metrics(params.base.reports_dir, "pilot", metrics, PILOT_HEADLINE)
     else:
         write_metrics(params.base.reports_dir, "generate", metrics, HEADLINE)

@@ -23,6 +23,7 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
+from dflash.core.concurrency import chosen_from_pilot, resolve_max_num_seqs
 from dflash.core.target_config import TargetArch
 from dflash.core.validate import check_plan
 from dflash.drafter.geometry import build_drafter_config, config_dict, parameter_counts
@@ -62,6 +63,7 @@ def make_plan(params: Any) -> dict:
     train_gpus = ta.num_gpus or plan.num_gpus
     gs = generation_settings(params)
     gen = generation_estimate(target, hw, gs, plan.weight_dtype, plan.num_gpus, data, price)
+    gen["max_num_seqs_source"] = planned_max_num_seqs(params)[1]
     train = training_estimate(target, drafter, hw, ta, plan.weight_dtype, train_gpus, data)
     train["num_gpus"] = train_gpus
     train["cost_usd"] = train["headline"]["gpu_hours"] * price if price > 0 else None
@@ -138,13 +140,28 @@ def make_plan(params: Any) -> dict:
     }
 
 
+def planned_max_num_seqs(params: Any) -> tuple[int, str]:
+    """The concurrency generate will run at, and where it came from: an integer param; auto -> the pilot
+    sweep's chosen_max_num_seqs (dflash/core/concurrency.py); auto before any sweep -> its largest level."""
+    gen = params.generate
+    if gen.max_num_seqs != "auto":
+        return gen.max_num_seqs, "param generate.max_num_seqs"
+    pilot = resolve_paths(params.plan, params.base)["pilot"]
+    chosen = chosen_from_pilot(pilot)
+    if chosen is not None:
+        return chosen, f"{pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)"
+    if not gen.pilot_sweep:
+        resolve_max_num_seqs(gen, pilot)  # the UserError generate would raise: run the pilot
+    return max(gen.pilot_sweep), "largest generate.pilot_sweep level (auto, no sweep measured yet)"
+
+
 def generation_settings(params: Any) -> SimpleNamespace:
     """The engine settings of the generate stage (what will really run) + the plan's efficiency assumptions."""
     gen, eff = params.generate, params.plan.generation
     return SimpleNamespace(
         tensor_parallel_size=gen.tensor_parallel_size,
         gpu_memory_utilization=gen.gpu_memory_utilization,
-        max_num_seqs=gen.max_num_seqs,
+        max_num_seqs=planned_max_num_seqs(params)[0],
         max_model_len=gen.max_model_len,
         **{f.name: getattr(eff, f.name) for f in dataclasses.fields(eff)},
     )

@@ -102,6 +102,14 @@ def generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, output_tok
     return cap, step, engines * step["tokens_per_s"]
 
 
+def sweep_level(pilot: dict, max_num_seqs: int) -> dict | None:
+    """The pilot sweep's measurement at `max_num_seqs` in flight (None when the sweep did not measure it)."""
+    for row in pilot.get("sweep") or []:
+        if isinstance(row, dict) and row.get("max_num_seqs") == max_num_seqs and row.get("output_tokens_per_s"):
+            return row
+    return None
+
+
 def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
     ds_low, ds_high = data["low"], data["high"]
     prompts, prompt_tokens, mean_out = data["num_prompts"], data["mean_prompt_tokens"], data["mean_output_tokens"]
@@ -146,6 +154,9 @@ def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
         if not measured:
             raise UserError("pilot.json: missing output_tokens_per_s (needed when a pilot file exists)")
         pilot_engines = number(pilot, ("num_engines",)) or engines
+        level = sweep_level(pilot, gp.max_num_seqs)
+        if level is not None:  # the sweep measured one engine at the concurrency generate will run at
+            measured, pilot_engines = level["output_tokens_per_s"], 1
         per_engine_model = rate / engines if engines else 0.0
         per_engine_measured = measured / pilot_engines
         calibrated = (out["output_tokens"] / (per_engine_measured * engines)) / 3600
@@ -161,6 +172,29 @@ def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
             "p90_output_tokens": number(pilot, ("p90_output_tokens",)),
             "pilot_estimated_total_hours": number(pilot, ("estimated_total_hours",)),
             "calibrated_wall_hours": calibrated,
+            "rate_source": f"sweep level max_num_seqs {level['max_num_seqs']} (one engine)"
+            if level
+            else "the pilot run's own rate",
+            "chosen_max_num_seqs": pilot.get("chosen_max_num_seqs"),
+            "sweep_vs_model": [  # per level: measured tok/s of one engine vs the roofline model at that batch
+                {
+                    "max_num_seqs": row["max_num_seqs"],
+                    "measured": row["output_tokens_per_s"],
+                    "model": decode_step(
+                        t,
+                        hw,
+                        gp,
+                        w["read_per_step"],
+                        min(row["max_num_seqs"], cap["max_seqs_in_cache"]),
+                        cap["resident_context_tokens"],
+                        tp,
+                    )["tokens_per_s"]
+                    if cap["fits"] and cap["max_seqs_in_cache"] >= 1
+                    else None,
+                }
+                for row in pilot.get("sweep") or []
+                if isinstance(row, dict) and row.get("output_tokens_per_s")
+            ],
         }
         both = [h for h in (model_mid, calibrated) if h is not None]
         out["wall_hours"] = {"low": min(both), "mid": calibrated, "high": max(both)}

@@ -226,6 +226,21 @@ def render_markdown(p: dict) -> str:
             ],
         )
         lines += ["", "The pilot is assumed to have run on this plan's GPU type; the ratio calibrates the model."]
+        lines += [f"Measured rate: {pl['rate_source']}; max_num_seqs from {gen['max_num_seqs_source']}."]
+        if pl["sweep_vs_model"]:
+            lines += ["", f"Pilot sweep (one engine; chosen max_num_seqs {pl['chosen_max_num_seqs']}):", ""]
+            lines += _table(
+                ["max_num_seqs", "measured tok/s", "model tok/s", "measured / model"],
+                [
+                    [
+                        str(r["max_num_seqs"]),
+                        f"{r['measured']:,.0f}",
+                        f"{r['model']:,.0f}" if r["model"] else "n/a",
+                        f"{r['measured'] / r['model']:.2f}" if r["model"] else "n/a",
+                    ]
+                    for r in pl["sweep_vs_model"]
+                ],
+            )
     f = tr["flops_per_sequence"]
     lines += ["", "## Training", ""]
     lines += [

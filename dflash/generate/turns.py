@@ -1,0 +1,190 @@
+"""The per-conversation turn logic and the unit commit, shared by both backends: the engines worker
+(dflash/generate/worker.py, vLLM in-process) and the servers client (dflash/generate/client.py, HTTP).
+
+A `TurnBook` holds the units a backend is working on. `start_unit` renders each conversation's first
+regenerated turn into a `Request` (prompt token ids + per-request seed) or records a skip; `complete`
+records a finished request as a GENERATED_SCHEMA row and returns the conversation's next turn (rendered
+against the model's own earlier answers) the moment it is known; `commit_finished` writes the shard of
+every unit whose conversations are all done (atomically: dflash.core.io.write_arrow). The policies are
+dflash/generate/stage.py's; the backends only move requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from dflash.core.contracts import GENERATED_SCHEMA
+from dflash.core.io import write_arrow
+from dflash.generate.contract import CRASH_ENV, Unit, WorkerConfig, generation_targets, request_seed, split_reasoning
+
+
+@dataclass
+class Request:
+    """One turn to generate: `ids` is the rendered prompt, `seed` its per-request seed."""
+
+    sid: str  # sample id "<conversation_id>:<turn>", also the request id
+    unit: int
+    ids: list[int]
+    seed: int
+    attempts: int = 0  # failed tries so far (servers backend)
+
+
+@dataclass
+class _ConvState:
+    conv: dict
+    targets: list[int]
+    k: int = 0  # next target
+    history: list[dict] = field(default_factory=list)
+    prompt_json: str = ""  # the prompt messages of the request in flight
+
+
+def think_end_id(tokenizer: Any) -> int | None:
+    tid = tokenizer.convert_tokens_to_ids("</think>")
+    return tid if isinstance(tid, int) and tid != tokenizer.unk_token_id else None
+
+
+class TurnBook:
+    """Units in progress: their conversations' turn state, rows so far, and pending conversation counts."""
+
+    def __init__(
+        self, cfg: WorkerConfig, tokenizer: Any, engine_version: str, on_row: Callable[[dict], None] | None = None
+    ):
+        self.cfg, self.tokenizer, self.on_row = cfg, tokenizer, on_row
+        self.engine_version = engine_version  # rows record it (a request's own server version wins)
+        self.think_end = think_end_id(tokenizer)
+        self.units: dict[int, dict] = {}  # unit index -> {"unit", "rows", "pending"}
+        self.requests: dict[str, tuple[Request, _ConvState]] = {}  # in flight (or queued) by sample id
+        self.crash_unit = os.environ.get(CRASH_ENV)
+
+    def row(self, state: _ConvState, turn: int, engine_version: str = "", **kw: Any) -> dict:
+        base = {
+            "sample_id": f"{state.conv['conversation_id']}:{turn}",
+            "conversation_id": state.conv["conversation_id"],
+            "turn_index": turn,
+            "status": "completed",
+            "skip_reason": "",
+            "prompt_ids": [],
+            "completion_ids": [],
+            "text": "",
+            "reasoning": "",
+            "answer": "",
+            "finish_reason": "",
+            "has_think_end": False,
+            "num_prompt_tokens": 0,
+            "num_completion_tokens": 0,
+            "messages": "",
+            "tools": json.dumps(state.conv["tools"]) if state.conv["tools"] else "",
+            "model": self.cfg.model_name,
+            "revision": self.cfg.revision,
+            "run_hash": self.cfg.run_hash,
+            "engine_version": engine_version or self.engine_version,
+            "request_seed": 0,
+        }
+        base.update(kw)
+        return base
+
+    def _record(self, uidx: int, r: dict) -> None:
+        self.units[uidx]["rows"].append(r)
+        if self.on_row is not None:
+            self.on_row(r)
+
+    def _advance(self, uidx: int, state: _ConvState, skip_rest: str = "", version: str = "") -> Request | None:
+        """The conversation's next request, or None once it is done (skips recorded, pending decremented)."""
+        from dflash.core.chat import render_ids
+
+        g = self.cfg.gparams
+        while state.k < len(state.targets):
+            turn = state.k
+            target = state.targets[turn]
+            if skip_rest:
+                self._record(uidx, self.row(state, turn, version, status="skipped", skip_reason=skip_rest))
+                state.k += 1
+                continue
+            msgs = state.conv["messages"]
+            start = state.targets[turn - 1] + 1 if turn > 0 else 0
+            state.history.extend(msgs[start:target])
+            prompt_msgs = list(state.history)
+            last_user = [m for m in prompt_msgs if m["role"] in ("user", "tool")][-1:]
+            if not last_user or not str(last_user[0].get("content") or "").strip():
+                self._record(uidx, self.row(state, turn, version, status="skipped", skip_reason="empty_prompt"))
+                skip_rest = "earlier_turn_skipped"
+                state.k += 1
+                continue
+            tkw = self.cfg.template_kwargs
+            ids = render_ids(self.tokenizer, prompt_msgs, True, tkw, tools=state.conv["tools"])
+            if len(ids) >= g.max_model_len:
+                r = self.row(state, turn, version, status="skipped", skip_reason="prompt_too_long")
+                self._record(uidx, r | {"num_prompt_tokens": len(ids)})
+                skip_rest = "earlier_turn_skipped"
+                state.k += 1
+                continue
+            sid = f"{state.conv['conversation_id']}:{turn}"
+            req = Request(sid, uidx, ids, request_seed(g.sampling.seed, sid))
+            state.prompt_json = json.dumps(prompt_msgs, ensure_ascii=False)
+            self.requests[sid] = (req, state)
+            return req
+        self.units[uidx]["pending"] -= 1
+        return None
+
+    def start_unit(self, unit: Unit) -> list[Request]:
+        """Register a unit; its conversations' first requests (conversations with nothing to ask are done)."""
+        if self.crash_unit is not None and int(self.crash_unit) == unit.index:
+            os._exit(17)  # simulated engine crash (tests only)
+        self.units[unit.index] = {"unit": unit, "rows": [], "pending": len(unit.conversations)}
+        reqs = [self._advance(unit.index, _ConvState(c, generation_targets(c["messages"]))) for c in unit.conversations]
+        return [r for r in reqs if r is not None]
+
+    def complete(
+        self, sid: str, completion: list[int], text: str, finish_reason: str, engine_version: str = ""
+    ) -> Request | None:
+        """Record a finished request; the same conversation's next request (None when it is done)."""
+        req, state = self.requests.pop(sid)
+        reasoning, answer, has_end = split_reasoning(self.tokenizer, completion, self.think_end)
+        r = self.row(
+            state,
+            state.k,
+            engine_version,
+            prompt_ids=req.ids,
+            completion_ids=completion,
+            text=text,
+            reasoning=reasoning,
+            answer=answer,
+            finish_reason=finish_reason,
+            has_think_end=has_end,
+            num_prompt_tokens=len(req.ids),
+            num_completion_tokens=len(completion),
+            messages=state.prompt_json,
+            request_seed=req.seed,
+        )
+        self._record(req.unit, r)
+        state.history.append({"role": "assistant", "content": answer, "reasoning_content": reasoning})
+        state.k += 1
+        skip = "earlier_turn_truncated" if finish_reason == "length" else ""
+        return self._advance(req.unit, state, skip, engine_version)
+
+    def drop_unit(self, uidx: int) -> list[str]:
+        """Forget a failed unit (nothing of it is committed); the sample ids it still had in flight."""
+        self.units.pop(uidx, None)
+        gone = [sid for sid, (req, _) in self.requests.items() if req.unit == uidx]
+        for sid in gone:
+            del self.requests[sid]
+        return gone
+
+    def commit_finished(self) -> list[tuple[int, int, int]]:
+        """Write the shard of every unit whose conversations are all done: [(unit, rows, output tokens)]."""
+        done_units = []
+        for uidx in [i for i, u in self.units.items() if u["pending"] == 0]:
+            u = self.units.pop(uidx)
+            order = {c["conversation_id"]: i for i, c in enumerate(u["unit"].conversations)}
+            rows = sorted(u["rows"], key=lambda r: (order[r["conversation_id"]], r["turn_index"]))
+            write_arrow(Path(self.cfg.run_dir) / u["unit"].name, pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA))
+            tokens = sum(r["num_completion_tokens"] for r in rows if r["status"] == "completed")
+            done_units.append((uidx, len(rows), tokens))
+        return done_units
