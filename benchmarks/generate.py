@@ -1,14 +1,18 @@
-"""Benchmark: the generate stage vs a bare `vllm.LLM.generate` over the same prompts and engine settings.
+"""Benchmark: the generate stage's two backends vs a bare `vllm.LLM.generate`, and the pilot sweep.
 
-Both sides exclude engine start-up and time only generation: the stage's `output_tokens_per_s` in
-reports/generate_details.json (from the first engine ready to the last unit committed, dispatcher, rendering,
-reasoning split and atomic shard writes included) against one bare `LLM.generate` call over the same
-token-id prompts with the same SamplingParams. Goal: stage >= 0.95x bare (overhead < 5%).
+Printed side by side, in one run, over the same prompts, engine settings and concurrency (max_num_seqs):
+  bare LLM.generate      one call over the token-id prompts with the same SamplingParams
+  engines backend        the stage's `output_tokens_per_s` (first engine ready -> last unit committed:
+                         dispatcher, rendering, reasoning split and atomic shard writes included)
+  servers backend        the same, the stage driving one local vLLM api_server over HTTP (server start excluded)
+  pilot sweep            `--pilot` with generate.pilot_sweep = --sweep: each level's measured tok/s, the best
+                         level and the knee (chosen_max_num_seqs) vs the default level (--max-num-seqs)
+Every side excludes engine / server start-up. Goal: both backends >= 0.9x bare.
 
 Inputs: a target folder (default: the demo's artifacts/target, built by `dvc repro target`).
-Outputs: prints both figures and the ratio; writes nothing outside a temp folder.
+Outputs: prints the figures; writes nothing outside a temp folder.
 
-    python benchmarks/generate.py --prompts 512 --max-tokens 128
+    python benchmarks/generate.py --prompts 256 --max-tokens 64 --max-num-seqs 64 --sweep 4,16,64
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--unit-size", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="the concurrency of every side (default level)")
+    parser.add_argument("--sweep", default="4,16,64", help="pilot sweep levels, comma-separated ('' = no sweep)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
     args = parser.parse_args()
 
     from dflash.core.chat import render_ids, template_kwargs
@@ -84,6 +91,8 @@ def main() -> None:
         f"base.target_dir={args.target}",
         f"generate.sampling.max_tokens={args.max_tokens}",
         f"generate.unit_size={args.unit_size}",
+        f"generate.max_num_seqs={args.max_num_seqs}",
+        f"generate.gpu_memory_utilization={args.gpu_memory_utilization}",
     ]
     params = load_params(REPO / "params.yaml", overrides)
     convs = _conversations(args.prompts, params.base.seed)
@@ -98,24 +107,69 @@ def main() -> None:
     bare_tokens, bare_s = q.get()
     p.join(timeout=60)
 
+    levels = [int(x) for x in args.sweep.split(",") if x.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         (ws / "audit").mkdir()
         _write(ws / "audit" / "conversations.arrow", convs)
-        cmd = [sys.executable, "-m", "stages.generate"]
-        for o in [*overrides, f"audit.out={ws / 'audit'}", f"generate.out={ws / 'gen'}", f"base.reports_dir={ws}"]:
-            cmd += ["-S", o]
-        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        m = json.loads((ws / "generate_details.json").read_text())
+
+        def stage(name: str, *extra: str) -> dict:
+            cmd = [sys.executable, "-m", "stages.generate"]
+            run_overrides = [
+                *overrides,
+                f"audit.out={ws / 'audit'}",
+                f"generate.out={ws / name}",
+                f"generate.pilot_out={ws / name}-pilot",
+                f"base.reports_dir={ws / name}-reports",
+            ]
+            for o in run_overrides:
+                cmd += ["-S", o]
+            subprocess.run([*cmd, *extra], cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            report = "pilot_details.json" if "--pilot" in extra else "generate_details.json"
+            return json.loads((ws / f"{name}-reports" / report).read_text())
+
+        eng = stage("engines")
+        srv = stage("servers", "-S", "generate.backend=servers")
+        sweep = None
+        if levels:
+            sweep = stage(
+                "sweep",
+                "--pilot",
+                "-S",
+                f"generate.pilot_samples={args.prompts}",
+                "-S",
+                f"generate.pilot_sweep=[{','.join(map(str, levels))}]",
+            )
 
     bare = bare_tokens / bare_s
-    stage = m["output_tokens_per_s"]
-    print(f"prompts {args.prompts}, max_tokens {args.max_tokens}, unit_size {args.unit_size}")
-    print(f"bare LLM.generate : {bare_tokens} output tokens in {bare_s:.2f} s = {bare:.1f} tok/s")
     print(
-        f"generate stage    : {m['output_tokens']} output tokens in {m['generation_wall_s']:.2f} s = {stage:.1f} tok/s"
+        f"prompts {args.prompts}, max_tokens {args.max_tokens}, unit_size {args.unit_size}, max_num_seqs {args.max_num_seqs}"
     )
-    print(f"stage / bare      : {stage / bare:.3f}  (goal >= 0.95)")
+    print(f"bare LLM.generate : {bare_tokens} output tokens in {bare_s:.2f} s = {bare:.1f} tok/s")
+    for name, m in (("engines backend", eng), ("servers backend", srv)):
+        rate = m["output_tokens_per_s"]
+        print(
+            f"{name:<18}: {m['output_tokens']} output tokens in {m['generation_wall_s']:.2f} s = {rate:.1f} tok/s"
+            f" = {rate / bare:.3f}x bare (goal >= 0.9)"
+        )
+    if sweep:
+        rows = sweep["sweep"]
+        for r in rows:
+            print(
+                f"sweep level {r['max_num_seqs']:>5}: {r['output_tokens_per_s']:.1f} tok/s, p50 latency "
+                f"{r['p50_latency_s']:.2f} s ({r['measured_requests']} requests measured over {r['window_s']:.1f} s)"
+            )
+        best = max(rows, key=lambda r: r["output_tokens_per_s"])
+        default = next((r for r in rows if r["max_num_seqs"] == args.max_num_seqs), None)
+        print(
+            f"sweep best level {best['max_num_seqs']}: {best['output_tokens_per_s']:.1f} tok/s; chosen (knee) "
+            f"{sweep['chosen_max_num_seqs']}"
+        )
+        if default:
+            print(
+                f"default level {args.max_num_seqs}: {default['output_tokens_per_s']:.1f} tok/s = "
+                f"{default['output_tokens_per_s'] / best['output_tokens_per_s']:.3f}x the best"
+            )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,11 @@ def test_max_num_seqs_auto_resolution(tmp_path):
     write_json(pilot, {"chosen_max_num_seqs": None, "sweep": []})  # a pilot without a sweep
     with pytest.raises(UserError, match="run the pilot"):
         concurrency.resolve_max_num_seqs(g, pilot)
-    write_json(pilot, {"chosen_max_num_seqs": 16})
+    write_json(pilot, {"chosen_max_num_seqs": 16, "target_signature": "Tiny/layers=2"})
     assert concurrency.resolve_max_num_seqs(g, pilot).max_num_seqs == 16
+    assert concurrency.resolve_max_num_seqs(g, pilot, signature="Tiny/layers=2").max_num_seqs == 16
+    with pytest.raises(UserError, match="for this target"):  # another target's knee is not this one's
+        concurrency.resolve_max_num_seqs(g, pilot, signature="Qwen3_5/layers=64")
     assert concurrency.resolve_max_num_seqs(g, pilot, pilot=True).max_num_seqs == 64  # the pilot: the largest
     fixed = _params("generate.max_num_seqs=8").generate
     assert concurrency.resolve_max_num_seqs(fixed, pilot).max_num_seqs == 8  # an integer wins

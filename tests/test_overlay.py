@@ -114,13 +114,18 @@ def test_gpu_overlay_describes_one_bf16_engine_per_gpu_in_thinking_mode(repo_roo
     assert p.base.enable_thinking
     assert g.tensor_parallel_size == 1 and g.num_engines * g.tensor_parallel_size == p.plan.num_gpus == 4
     assert g.dtype == "bfloat16" and g.quantization == ""
-    assert g.max_num_seqs == 8  # vLLM recipe, BF16 Qwen3.6-27B on one RTX PRO 6000
+    assert g.max_num_seqs == "auto" and g.pilot_sweep  # the pilot sweep's knee
     assert not g.enforce_eager and 0.85 <= g.gpu_memory_utilization <= 0.95
     # the plan estimates the run that generate will do: it reads these engine settings from `generate`
     from dflash.plan.estimate import generation_settings
 
     gs = generation_settings(p)
-    assert (gs.max_model_len, gs.max_num_seqs, gs.tensor_parallel_size) == (g.max_model_len, g.max_num_seqs, 1)
+    # before a sweep of this target: its largest level (a pilot.json of the tiny demo does not count)
+    assert (gs.max_model_len, gs.max_num_seqs, gs.tensor_parallel_size) == (g.max_model_len, max(g.pilot_sweep), 1)
+    from dflash.plan.estimate import make_plan
+
+    memory = make_plan(p)["generation"]["memory"]
+    assert max(g.pilot_sweep) <= memory["max_seqs_in_cache"]  # the sweep stays inside the KV/state pool
     assert g.sampling.max_tokens < g.max_model_len  # room for the prompt
     assert g.sampling.temperature > 0  # Qwen's thinking-mode sampling, not greedy (see the overlay's comment)
     assert p.drafter.mask_token_id == 248070 and p.drafter.block_size == 16

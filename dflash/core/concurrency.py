@@ -29,8 +29,9 @@ def knee(sweep: list[dict]) -> int | None:
     return min(s["max_num_seqs"] for s in rated if s["output_tokens_per_s"] >= (1 - KNEE_TOLERANCE) * best)
 
 
-def chosen_from_pilot(path: str | Path) -> int | None:
-    """chosen_max_num_seqs of a pilot.json (None when the file or the key is absent)."""
+def chosen_from_pilot(path: str | Path, signature: str = "") -> int | None:
+    """chosen_max_num_seqs of a pilot.json (None when the file or the key is absent, or when `signature` is
+    given and the pilot ran on another target: the tiny demo's knee says nothing about a 27B engine)."""
     path = Path(path)
     if not path.exists():
         return None
@@ -38,13 +39,17 @@ def chosen_from_pilot(path: str | Path) -> int | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
-    value = data.get("chosen_max_num_seqs") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    if signature and data.get("target_signature") and data["target_signature"] != signature:
+        return None
+    value = data.get("chosen_max_num_seqs")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
-def resolve_max_num_seqs(g: Any, pilot_json: str | Path, pilot: bool = False) -> Any:
+def resolve_max_num_seqs(g: Any, pilot_json: str | Path, pilot: bool = False, signature: str = "") -> Any:
     """`g` (GenerateParams) with an integer max_num_seqs. An integer wins; `auto` takes the pilot sweep's
-    chosen_max_num_seqs from `pilot_json`; the pilot itself runs at the sweep's largest level (the capacity
+    chosen_max_num_seqs from `pilot_json` (measured on the target `signature` names, when given); the pilot itself runs at the sweep's largest level (the capacity
     its engine is started with). auto without a sweep result is a UserError saying to run the pilot."""
     if g.max_num_seqs != "auto":
         return g
@@ -52,10 +57,10 @@ def resolve_max_num_seqs(g: Any, pilot_json: str | Path, pilot: bool = False) ->
         if not g.pilot_sweep:
             raise UserError("generate.max_num_seqs: auto needs generate.pilot_sweep levels for the pilot to measure")
         return dataclasses.replace(g, max_num_seqs=max(g.pilot_sweep))
-    chosen = chosen_from_pilot(pilot_json)
+    chosen = chosen_from_pilot(pilot_json, signature)
     if chosen is None:
         raise UserError(
-            f"generate.max_num_seqs: auto, but {pilot_json} holds no chosen_max_num_seqs; run the pilot with a "
-            "sweep first (generate.pilot_sweep non-empty: dvc repro pilot), or set an integer"
+            f"generate.max_num_seqs: auto, but {pilot_json} holds no chosen_max_num_seqs for this target; run the "
+            "pilot with a sweep first (generate.pilot_sweep non-empty: dvc repro pilot), or set an integer"
         )
     return dataclasses.replace(g, max_num_seqs=chosen)

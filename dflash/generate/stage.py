@@ -225,7 +225,9 @@ def run(params: Params, pilot: bool = False) -> dict:
     """The generate stage (or its pilot). Returns the metrics written to reports/."""
     check_generate(params, pilot)  # dflash/core/validate.py: the engine sizes the plan refuses too
     pilot_json = Path(params.base.reports_dir) / "pilot.json"
-    params = dataclasses.replace(params, generate=resolve_max_num_seqs(params.generate, pilot_json, pilot))
+    signature = target_signature(Path(params.base.target_dir) / "config.json")
+    g = resolve_max_num_seqs(params.generate, pilot_json, pilot, signature)
+    params = dataclasses.replace(params, generate=g)
     g = params.generate
     info = resolve(params.base.target_dir)
     source = Path(params.audit.out) / CONVERSATIONS_FILE

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from dflash.core.concurrency import chosen_from_pilot, resolve_max_num_seqs
-from dflash.core.target_config import TargetArch
+from dflash.core.target_config import TargetArch, target_signature
 from dflash.core.validate import check_plan
 from dflash.drafter.geometry import build_drafter_config, config_dict, parameter_counts
 from dflash.plan import sizing
@@ -146,8 +146,9 @@ def planned_max_num_seqs(params: Any) -> tuple[int, str]:
     gen = params.generate
     if gen.max_num_seqs != "auto":
         return gen.max_num_seqs, "param generate.max_num_seqs"
-    pilot = resolve_paths(params.plan, params.base)["pilot"]
-    chosen = chosen_from_pilot(pilot)
+    paths = resolve_paths(params.plan, params.base)
+    pilot = paths["pilot"]
+    chosen = chosen_from_pilot(pilot, target_signature(paths["target_config"]))
     if chosen is not None:
         return chosen, f"{pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)"
     if not gen.pilot_sweep:
