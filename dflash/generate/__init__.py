@@ -2,11 +2,16 @@
 
   contract.py   units, the worker config, worker -> dispatcher messages, the turn policy, request seeds
   engines.py    vLLM engine arguments and device pinning of a worker
+  turns.py      the per-conversation turn logic and the unit commit, shared by both backends
   worker.py     one process, one engine: streams the turns of its units, commits unit shards atomically
   dispatch.py   keeps every worker fed, retries a dead worker's units alone, progress bars
+  servers.py    OpenAI-compatible servers: local api_server launch, model identity check, one request
+  client.py     backend `servers`: the stage as a client of servers (load cap, retries, failover)
+  sweep.py      the pilot's concurrency sweep on one server (the knee: dflash/core/concurrency.py)
   pilot.py      the pilot's throughput / output-length report and extrapolation
   stage.py      the stage: run identity (hash), units, resume, metrics
 
-The chain runs one way: contract <- worker <- dispatch <- stage (no cycle).
-May import: dflash.core, dflash.drafter. vLLM only inside the worker process.
+The chain runs one way: contract <- turns <- worker <- dispatch <- stage, turns <- servers <- client / sweep
+<- stage (no cycle). May import: dflash.core, dflash.drafter. vLLM only inside the worker process (the servers
+backend talks HTTP to vLLM processes it starts as `python -m vllm.entrypoints.openai.api_server`).
 """
