@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,24 @@ def qwen_tokenizer():
     from dflash.target.build import qwen3_tokenizer_dir
 
     return load_tokenizer(qwen3_tokenizer_dir())
+
+
+def generate_cmd(ws, target, *extra: str) -> list[str]:
+    """`python -m stages.generate` on the tiny target with every folder inside the workspace `ws`
+    (64-token completions; `extra`: more -S overrides, later ones win)."""
+    overrides = [
+        f"base.target_dir={target}",
+        f"base.reports_dir={ws / 'reports'}",
+        f"audit.out={ws / 'audit'}",
+        f"generate.out={ws / 'generate'}",
+        f"generate.pilot_out={ws / 'pilot'}",
+        "generate.sampling.max_tokens=64",
+        *extra,
+    ]
+    cmd = [sys.executable, "-m", "stages.generate", "--params", str(REPO / "params.yaml")]
+    for o in overrides:
+        cmd += ["-S", o]
+    return cmd
 
 
 def write_conversations(path, conversations, tools=None):

@@ -10,12 +10,11 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_conversations
+from conftest import REPO, generate_cmd, write_conversations
 
 from dflash.core.errors import UserError
 from dflash.core.io import file_sha256, list_shards, read_arrow, read_json
@@ -105,22 +104,6 @@ def test_run_identity_changes_with_outputs_not_with_engine_sizing(tmp_path):
 # ---------------------------------------------------------------------------------------------- vLLM
 
 
-def _stage_cmd(ws: Path, target: Path, *extra: str) -> list[str]:
-    overrides = [
-        f"base.target_dir={target}",
-        f"base.reports_dir={ws / 'reports'}",
-        f"audit.out={ws / 'audit'}",
-        f"generate.out={ws / 'generate'}",
-        f"generate.pilot_out={ws / 'pilot'}",
-        "generate.sampling.max_tokens=64",
-        *extra,
-    ]
-    cmd = [sys.executable, "-m", "stages.generate", "--params", str(REPO / "params.yaml")]
-    for o in overrides:
-        cmd += ["-S", o]
-    return cmd
-
-
 def _rows(run_dir: Path) -> list[dict]:
     rows = []
     for shard in list_shards(run_dir, "unit-*.arrow"):
@@ -142,7 +125,9 @@ def reference(workspace, tiny_target):
     ws = workspace / "reference"
     ws.mkdir()
     (ws / "audit").symlink_to(workspace / "audit")
-    out = subprocess.run(_stage_cmd(ws, tiny_target, "generate.unit_size=8"), cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        generate_cmd(ws, tiny_target, "generate.unit_size=8"), cwd=REPO, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = read_json(ws / "reports" / "generate_details.json")
     return {"metrics": metrics, "rows": _rows(Path(metrics["run_dir"]))}
@@ -176,7 +161,7 @@ def test_sigkill_and_resume_loses_and_duplicates_nothing(workspace, tiny_target,
     ws = workspace / "killed"
     ws.mkdir()
     (ws / "audit").symlink_to(workspace / "audit")
-    cmd = _stage_cmd(ws, tiny_target, "generate.unit_size=8")
+    cmd = generate_cmd(ws, tiny_target, "generate.unit_size=8")
     rng = random.Random(1234)
     committed: dict[str, str] = {}  # shard name -> sha256 at the time of a kill
     kills = 0
@@ -242,7 +227,7 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     convs = sample_conversations[:12]
     write_conversations(ws / "audit" / "conversations.arrow", convs)
     # vLLM's own engine-core processes (the GPU setting): a dead worker's engine cores must not be left running
-    cmd = _stage_cmd(
+    cmd = generate_cmd(
         ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1", "generate.engine_core_process=true"
     )
     env = {**os.environ, contract.CRASH_ENV: "1"}  # the worker dies whenever it receives unit 1

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_conversations
+from conftest import REPO, generate_cmd, write_conversations
 
 from dflash.core import concurrency
 from dflash.core.chat import template_kwargs
@@ -291,18 +290,7 @@ NUM_CONVS = 40
 
 
 def _stage(ws: Path, target: Path, *extra: str, wait: bool = True):
-    overrides = [
-        f"base.target_dir={target}",
-        f"base.reports_dir={ws / 'reports'}",
-        f"audit.out={ws / 'audit'}",
-        f"generate.out={ws / 'generate'}",
-        f"generate.pilot_out={ws / 'pilot'}",
-        *SERVER_OVERRIDES,
-        *extra,
-    ]
-    cmd = [sys.executable, "-m", "stages.generate", "--params", str(REPO / "params.yaml")]
-    for o in overrides:
-        cmd += ["-S", o]
+    cmd = generate_cmd(ws, target, *SERVER_OVERRIDES, *extra)
     if not wait:
         return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

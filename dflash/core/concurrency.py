@@ -10,11 +10,11 @@ read the same number from the same file.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from dflash.core.errors import UserError
+from dflash.core.target_config import read_config
 
 KNEE_TOLERANCE = 0.05  # a level within 5% of the best rate is as good: the smallest such level wins
 
@@ -35,12 +35,7 @@ def chosen_from_pilot(path: str | Path, signature: str = "") -> int | None:
     path = Path(path)
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        return None
+    data = read_config(path)  # a JSON object, errors naming the file
     if signature and data.get("target_signature") and data["target_signature"] != signature:
         return None
     value = data.get("chosen_max_num_seqs")
