@@ -63,10 +63,11 @@ def pilot_report(
         return round(tokens / tok_s / 3600, 4) if tok_s else None
 
     notes = []
-    capacity = g.max_num_seqs * g.num_engines
+    engines = metrics["num_engines"]  # engines, or servers (generate.server_urls)
+    capacity = g.max_num_seqs * engines
     if metrics["num_prompts"] < 2 * capacity:
         notes.append(
-            f"the pilot's {metrics['num_prompts']} prompts never fill {g.num_engines} engine(s) x max_num_seqs "
+            f"the pilot's {metrics['num_prompts']} prompts never fill {engines} engine(s) x max_num_seqs "
             f"{g.max_num_seqs} for long: its tok/s is a lower bound and the hours an upper bound; use "
             f"generate.pilot_samples >= {2 * capacity} for a rate the full run will see"
         )
@@ -78,7 +79,7 @@ def pilot_report(
         "num_skipped": metrics["num_skipped"],
         "num_failed": metrics["num_failed"],
         "units_failed": metrics["units_failed"],
-        "num_engines": g.num_engines,
+        "num_engines": engines,
         "backend": g.backend,
         "max_num_seqs": g.max_num_seqs,
         "output_tokens_per_s": tok_s,

@@ -281,7 +281,7 @@ def run(params: Params, pilot: bool = False) -> dict:
         "num_units": len(units),
         "units_reused": len(units) - len(todo),
         "units_failed": stats.failed_units,
-        "num_engines": g.num_engines,
+        "num_engines": len(g.server_urls) if g.backend == "servers" and g.server_urls else g.num_engines,
         "engine_start_s": stats.engine_start_s,
         "generation_wall_s": round(stats.gen_wall_s, 2),
         "stage_wall_s": round(stats.wall_s, 2),
