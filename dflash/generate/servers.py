@@ -177,7 +177,6 @@ def server_command(g: GenerateParams, model: str, served_name: str, port: int, *
     cmd += ["--gpu-memory-utilization", str(g.gpu_memory_utilization)]
     cmd += ["--tensor-parallel-size", str(g.tensor_parallel_size), "--seed", str(kw.get("seed", 0))]
     cmd += ["--enable-prefix-caching" if g.enable_prefix_caching else "--no-enable-prefix-caching"]
-    cmd += ["--generation-config", "vllm"]  # sampling defaults from the request only, as LLM.generate does
     if g.enforce_eager:
         cmd += ["--enforce-eager"]
     if g.quantization:
