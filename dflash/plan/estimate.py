@@ -203,6 +203,7 @@ def assumptions(params: Any, t: TargetArch, hw: GpuProfile) -> list[str]:
             "Hybrid target: vLLM pads each attention KV block to the size of one layer's GDN state and needs one such "
             "block per linear-layer group per running sequence; it refuses to start when max_num_seqs exceeds the "
             "blocks available (vLLM PR #38270). The vLLM recipe runs BF16 Qwen3.6-27B on an RTX PRO 6000 with "
-            "--max-num-seqs 8. Run the generate pilot: its measured rate replaces this model's."
+            "--max-num-seqs 8 (a serving-latency setting). Run the generate pilot: its sweep measures each concurrency "
+            "level on the real engine, and the rate at the chosen level replaces this model's."
         )
     return out
