@@ -394,3 +394,30 @@ def test_killing_one_of_two_servers_mid_run_loses_and_duplicates_nothing(
     assert m["num_completed"] + m["num_skipped"] == m["num_prompts"] and m["num_failed"] == 0
     differ = [r["sample_id"] for r in rows if r["completion_ids"] != engines_rows[r["sample_id"]]["completion_ids"]]
     assert not differ, f"{len(differ)} completions differ after the failover: {differ[:5]}"
+
+
+def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root, monkeypatch):
+    from dflash.core.target_config import target_signature
+    from dflash.plan import estimate, report
+
+    monkeypatch.chdir(repo_root)
+    reports = tmp_path / "reports"
+    sweep = [{"max_num_seqs": n, "output_tokens_per_s": r} for n, r in ((8, 700.0), (32, 1900.0), (128, 1950.0))]
+    pilot = {"output_tokens_per_s": 5000.0, "mean_output_tokens": 1500.0, "num_engines": 4, "sweep": sweep}
+    pilot |= {"chosen_max_num_seqs": concurrency.knee(sweep), "target_signature": "Tiny/layers=2"}
+    write_json(reports / "pilot.json", pilot)
+    overrides = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
+    p = load_params("params.yaml", overrides, ["params/gpu-qwen3.6-27b.yaml"])
+    assert estimate.make_plan(p)["generation"]["memory"]["batch"] == 128  # another target's knee is ignored
+    overlay_sig = target_signature("params/targets/qwen3.6-27b.config.json")
+    write_json(reports / "pilot.json", pilot | {"target_signature": overlay_sig})
+    result = estimate.make_plan(p)
+    gen = result["generation"]
+    assert pilot["chosen_max_num_seqs"] == 32 and gen["memory"]["batch"] == 32
+    pl = gen["pilot"]
+    assert pl["measured_per_engine"] == 1900.0 and pl["rate_source"].startswith("sweep level max_num_seqs 32")
+    engines = gen["engines"]
+    assert gen["wall_hours"]["mid"] == pytest.approx(gen["output_tokens"] / (1900.0 * engines) / 3600)
+    assert [r["max_num_seqs"] for r in pl["sweep_vs_model"]] == [8, 32, 128]
+    assert all(r["model"] > 0 for r in pl["sweep_vs_model"])
+    assert "Pilot sweep (one engine; chosen max_num_seqs 32)" in report.render_markdown(result)
