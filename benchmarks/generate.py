@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--unit-size", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="the concurrency of every side (default level)")
     parser.add_argument("--sweep", default="4,16,64", help="pilot sweep levels, comma-separated ('' = no sweep)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.1)
     args = parser.parse_args()
 
     from dflash.core.chat import render_ids, template_kwargs
