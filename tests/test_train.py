@@ -412,6 +412,26 @@ def test_loss_decreases_and_dvclive_records_it(tmp_path, target, data):
     assert cfg.target_layer_ids == (0, 2) and cfg.block_size == 4
 
 
+@pytest.mark.parametrize("loss_target, weighting", [("target_kl", "dpace"), ("target_argmax", "decay")])
+def test_target_loss_targets_train_through_the_trainer(tmp_path, target, data, loss_target, weighting):
+    """The trainer runs the whole target (final hidden states) for the target_* losses, learns the target's
+    greedy choices (accuracy is against them), and the run is another checkpoint configuration."""
+    model = load_target(target, torch.float32, torch.device("cpu"), False)
+    ran = []
+    model.model.layers[3].register_forward_hook(lambda *_: ran.append(3))
+    feats, final = TargetFeatures(model, [0, 2], 4, batch_tokens=64, final=True)(torch.tensor([5, 6, 7]), [0], [3])
+    assert ran and final.shape == (3, model.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model.lm_head(final), model(torch.tensor([[5, 6, 7]])).logits[0])
+    extra = [f"train.loss_target={loss_target}", f"train.position_weighting={weighting}", "train.epochs=4"]
+    with one_thread():
+        summary = train(_params(target, tmp_path / "out", *extra), data)
+    assert summary["completed"] and summary["final_loss"] < 0.7 * summary["first_loss"]
+    assert summary["final_accuracy_by_position"][0] > 0.1  # vs the target's argmax (chance ~1/300)
+    info = json.loads((tmp_path / "out/drafter/run_info.json").read_text())
+    assert info["params"]["train"]["loss_target"] == loss_target
+
+
 def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_path, target, data, capsys):
     from dflash.core import cli
     from stages import train as stage
