@@ -106,6 +106,29 @@ def small_qwen3_config(layers: int = 6, hidden: int = 64, vocab: int = 512, **ex
     )
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (rendezvous of the multi-process tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> None:
+    """In an mp.spawn worker: the environment torchrun gives rank `rank` of `world` processes on one node
+    (rendezvous on 127.0.0.1:port). LOCAL_WORLD_SIZE too: an in-process vLLM engine earlier in the session leaves
+    its own value in os.environ, which the trainer's rank check would refuse."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+
+
 def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
     completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough

@@ -17,13 +17,12 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import small_qwen3_config
+from conftest import free_port, rank_env, small_qwen3_config
 
 from dflash.core.errors import UserError
 from dflash.core.hf import load_target_model as load_target
@@ -522,14 +521,7 @@ def test_checkpoint_folder_follows_the_config(tmp_path, target, data, uninterrup
 
 
 def _ddp_worker(rank, world, port, target, data, out, result):
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),  # as torchrun sets it: an in-process vLLM engine leaves its own value behind
-    )
+    rank_env(rank, world, port)
     torch.set_num_threads(1)
     trainer = Trainer(_params(Path(target), Path(out)), data)
     metrics = trainer.compute_gradients(0)
@@ -541,9 +533,7 @@ def _ddp_worker(rank, world, port, target, data, out, result):
 def test_ddp_gradients_equal_one_process_on_the_same_global_batch(tmp_path, target, data):
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = tmp_path / "ddp.pt"
     mp.spawn(_ddp_worker, args=(2, port, str(target), str(data), str(tmp_path / "ddp"), str(result)), nprocs=2)
     ddp = torch.load(result, weights_only=True)
