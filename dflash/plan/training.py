@@ -14,7 +14,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from dflash.core.errors import UserError
+from dflash.core.errors import ParamsError, UserError
 from dflash.core.loader import as_dict
 from dflash.drafter.geometry import parameter_counts
 from dflash.plan import sizing
@@ -161,7 +161,7 @@ def training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, split_target_g
         add("data_parallel", num_gpus, {"gpu": dp}, num_gpus / (target_s + drafter_s), num_gpus)
         n_t = split_target_gpus or ta.split_target_gpus
         if not 1 <= n_t < num_gpus:
-            raise UserError(f"plan.train_assumptions.split_target_gpus: need 1 <= {n_t} < {num_gpus} GPUs")
+            raise ParamsError(f"plan.train_assumptions.split_target_gpus: need 1 <= {n_t} < {num_gpus} GPUs")
         n_d = num_gpus - n_t
         shard_d = n_d if ta.shard_optimizer else 1
         target_gpu = {k: mem[k] for k in ("target_weights", "target_activations", "features", "reserve")}
