@@ -275,7 +275,9 @@ def test_eval_json_has_the_contract_keys_and_the_plot(stage):
 @pytest.mark.vllm
 def test_vllm_counters_equal_the_reference_for_a_one_layer_drafter(stage):
     r = stage["report"]
-    assert stage["hits"] > 0.9  # the drafter knows these completions: acceptance is informative
+    # the drafter knows these completions, so acceptance is informative. Trained by KL toward the target's whole
+    # distribution (not the one-hot label) for the fixture's 200 steps it reaches ~0.79 (0.9+ with CE)
+    assert stage["hits"] > 0.75
     assert r["reference_counts_equal"] is True  # same drafts, same accepted count at every position
     assert r["tau"] == r["tau_reference"] and r["reference_gap"] == 0
     assert r["acceptance_per_position"] == r["reference"]["acceptance_per_position"]

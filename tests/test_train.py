@@ -449,7 +449,7 @@ def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_pat
         return 0, capsys.readouterr().err
 
     code, err = stage_run("drafter.target_layer_ids=[0, 9]")
-    assert code == 1 and "drafter.target_layer_ids: [0, 9] out of range" in err and "Traceback" not in err
+    assert code == 2 and "drafter.target_layer_ids: [0, 9] out of range" in err and "Traceback" not in err
     code, err = stage_run()
     metrics = json.loads((tmp_path / "reports/train.json").read_text())
     assert code == 0 and metrics["completed"] and (tmp_path / "out/drafter/model.safetensors").exists()
