@@ -1,15 +1,19 @@
 """Experiment: which training loss target and slot weighting give the best drafter, per eval prompt set.
 
-Grid (every point one `dvc exp run --temp -S ...`, so anyone reruns any point with the same -S flags):
+Grid (every point one `dvc exp run -n NAME -S ...` in the workspace, so anyone reruns any point with the same flags):
   data        generate.sampling greedy (temperature 0) or sampled (temperature 1.0, top_p 0.95: Qwen's thinking mode)
   loss        train.loss_target: tokens | target_argmax | target_kl
   weighting   train.position_weighting: decay | dpace
   eval        eval.temperature 0 and 1 (vLLM speculative decoding; rejection sampling at 1)
-DVC's run-cache reuses every stage a point shares with an earlier one (the target, the audit, one generation per
-data setting, one training per (data, loss, weighting)), so the full grid costs 2 generations, 12 trainings and
-24 evaluations. The experiment evaluates with the dflash engine only and no PyTorch reference (eval.engines,
+The points run in the workspace one after another, ordered so that consecutive points share every stage but the
+last changed one (dvc.lock then reruns only those: eval between the two eval temperatures, train + eval between
+weightings and losses, generate + tokenize + train + eval between the data settings), so the grid costs 2
+generations, 12 trainings and 24 evaluations. (`--temp` / `--queue` would start each point from the committed
+dvc.lock, and DVC's run-cache skips stages with `cache: false` or persistent outputs, which every stage here
+has.) The experiment evaluates with the dflash engine only and no PyTorch reference (eval.engines,
 eval.reference), which changes no tau. Points that already ran (an experiment of the same name exists) are read
-back, not rerun: a killed run resumes.
+back, not rerun: a killed run resumes. The workspace ends holding the last point (`git checkout params.yaml
+dvc.lock && dvc checkout` returns to the committed state).
 
 Outputs: prints the table (tau per point and prompt set) and writes it as markdown to --out; the experiments stay
 in the repo (`dvc exp show`, `dvc exp apply NAME`).
@@ -55,7 +59,7 @@ def run_point(name: str, overrides: list[str], extra: list[str]) -> dict:
     if done is not None:
         print(f"{name}: already ran (read back)", flush=True)
         return done
-    cmd = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name]
+    cmd = [sys.executable, "-m", "dvc", "exp", "run", "-n", name]
     for o in [*overrides, *EVAL_FIXED, *extra]:
         cmd += ["-S", o]
     print("$", " ".join(cmd[2:]), flush=True)
