@@ -10,8 +10,8 @@ last changed one (dvc.lock then reruns only those: eval between the two eval tem
 weightings and losses, generate + tokenize + train + eval between the data settings), so the grid costs 2
 generations, 12 trainings and 24 evaluations. (`--temp` / `--queue` would start each point from the committed
 dvc.lock, and DVC's run-cache skips stages with `cache: false` or persistent outputs, which every stage here
-has.) The experiment evaluates with the dflash engine only and no PyTorch reference (eval.engines,
-eval.reference), which changes no tau. Points that already ran (an experiment of the same name exists) are read
+has.) The experiment evaluates with the dflash engine only, 8 requests at a time and no PyTorch reference
+(EVAL_FIXED), which changes no tau. Points that already ran (an experiment of the same name exists) are read
 back, not rerun: a killed run resumes. The workspace ends holding the last point (`git checkout params.yaml
 dvc.lock && dvc checkout` returns to the committed state).
 
@@ -39,7 +39,8 @@ DATA = {
 }
 LOSSES = ("tokens", "target_argmax", "target_kl")
 WEIGHTINGS = ("decay", "dpace")
-EVAL_FIXED = ["eval.engines=[dflash]", "eval.reference=false"]
+# tau only: the dflash engine, 8 requests at once (temperature 1 runs every output to its budget), no reference
+EVAL_FIXED = ["eval.engines=[dflash]", "eval.reference=false", "eval.max_num_seqs=8", "eval.engine_timeout_s=3600"]
 
 
 def _git(*args: str) -> str:
