@@ -125,13 +125,39 @@ def small_qwen3_config(layers: int = 6, hidden: int = 64, vocab: int = 512, **ex
     )
 
 
-def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3):
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (rendezvous of the multi-process tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> None:
+    """In an mp.spawn worker: the environment torchrun gives rank `rank` of `world` processes on one node
+    (rendezvous on 127.0.0.1:port). LOCAL_WORLD_SIZE too: an in-process vLLM engine earlier in the session leaves
+    its own value in os.environ, which the trainer's rank check would refuse."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+
+
+def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
-    completion position is an anchor; the softmax runs over the label tokens only (enough to memorise),
-    and the lowest full-vocabulary hit rate is returned so a test can check the drafter really learned them."""
+    completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough
+    to memorise); "target_kl" / "target_argmax": the training loss itself (dflash/train/loss.py block_loss)
+    against the target's own distribution / greedy choice. Returns the drafter and the lowest full-vocabulary
+    hit rate on the labels, so a test can check the drafter really learned them."""
     import torch
 
     from dflash.drafter.model import block_input_ids, block_labels, build_drafter, context_features
+    from dflash.train.loss import LMHead, block_loss, normaliser_share, slot_weights
 
     torch.manual_seed(0)
     model = build_drafter(cfg)
@@ -139,26 +165,36 @@ def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3):
     batches = []
     with torch.no_grad():
         for ids, n_prompt in sequences:
-            hidden = target(ids[None], output_hidden_states=True).hidden_states
-            feats = context_features(hidden, cfg.target_layer_ids)[0]
+            out = target(ids[None], output_hidden_states=True)
+            feats = context_features(out.hidden_states, cfg.target_layer_ids)[0]
+            final = target.model(ids[None]).last_hidden_state[0]  # after the final norm: the lm_head's input
             mask = torch.arange(len(ids)) >= n_prompt
             anchors = torch.arange(n_prompt - 1, len(ids) - 1)
             labels, valid = block_labels(ids, mask, anchors, cfg.block_size)
             blocks = embed(block_input_ids(ids, anchors, cfg.block_size, cfg.mask_token_id))
-            batches.append((feats, blocks, anchors, labels[valid], valid))
-    vocab = torch.unique(torch.cat([b[3] for b in batches]))
+            batches.append((feats, blocks, anchors, labels, valid, final))
+    vocab = torch.unique(torch.cat([b[3][b[4]] for b in batches]))
     index = torch.full((head.weight.shape[0],), -1, dtype=torch.long)
     index[vocab] = torch.arange(len(vocab))
     rows = head.weight.detach()[vocab]
+    lm_head, slot_w = LMHead.from_linear(head), slot_weights(cfg.block_size, 4.0)
+
+    def loss_of(f, e, a, y, v, final):
+        hidden = model(f, e, a)
+        if loss_target == "tokens":
+            return torch.nn.functional.cross_entropy(hidden[v] @ rows.T, index[y[v]])
+        norm = normaliser_share(v, slot_w)
+        return block_loss(hidden, y, v, lm_head, slot_w, norm, 4096, loss_target, target_hidden=final, anchors=a).loss
+
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
-        loss = sum(torch.nn.functional.cross_entropy(model(f, e, a)[v] @ rows.T, index[y]) for f, e, a, y, v in batches)
+        loss = sum(loss_of(*b) for b in batches)
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
     with torch.no_grad():
-        hits = [(head(model(f, e, a)[v]).argmax(-1) == y).float().mean().item() for f, e, a, y, v in batches]
+        hits = [(head(model(f, e, a)[v]).argmax(-1) == y[v]).float().mean().item() for f, e, a, y, v, _ in batches]
     return model, min(hits)
 
 

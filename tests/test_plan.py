@@ -18,6 +18,7 @@ from dflash.plan import generation as plan_generation
 from dflash.plan import inputs as plan_inputs
 from dflash.plan import report as plan_report
 from dflash.plan import sizing
+from dflash.plan import training as plan_training
 from stages import plan as plan_stage
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
@@ -221,6 +222,24 @@ def test_training_memory_verdict_flips(tmp_path):
     assert single["per_gpu"]["gpu"]["need_gb"] > need
 
 
+def test_target_loss_targets_cost_the_target_head_and_its_full_depth(tmp_path):
+    """train.loss_target: the target runs every layer and its lm_head on the drafted slots; the logits chunk and
+    the final hidden states grow the drafter GPU's memory (KL most)."""
+    runs = {
+        lt: plan.make_plan(_params(tmp_path, f"train.loss_target={lt}"))["training"]
+        for lt in plan_training.LOGITS_BYTES
+    }
+    f = {lt: r["flops_per_sequence"] for lt, r in runs.items()}
+    cfg = json.loads(Path(QWEN36).read_text())["text_config"]
+    slots = f["tokens"]["anchors"] * (f["tokens"]["block_tokens"] / f["tokens"]["anchors"] - 1)
+    assert f["tokens"]["target_lm_head"] == 0
+    for lt in ("target_argmax", "target_kl"):
+        assert f[lt]["target_lm_head"] == pytest.approx(2 * cfg["vocab_size"] * cfg["hidden_size"] * slots)
+        assert f[lt]["target_forward"] > f["tokens"]["target_forward"]  # the layers after the deepest feature layer
+    need = {lt: r["layouts"]["single"]["per_gpu"]["gpu"]["need_gb"] for lt, r in runs.items()}
+    assert need["tokens"] < need["target_argmax"] < need["target_kl"]
+
+
 def test_generation_verdict_flips_when_weights_do_not_fit(tmp_path):
     ok = plan.make_plan(_params(tmp_path))["generation"]
     assert ok["memory"]["fits"] and ok["memory"]["batch"] > 0
@@ -288,11 +307,14 @@ def test_missing_dataset_size_names_the_param(tmp_path, capsys):
         ("plan.dataset.output_tokens_high=10", "plan.dataset.output_tokens_low / output_tokens_high"),
         ("plan.train_assumptions.split_target_gpus=4", "plan.train_assumptions.split_target_gpus"),
         ("drafter.target_layer_ids=[1, 64]", "drafter.target_layer_ids"),
+        ("drafter.num_attention_heads=6", "drafter.num_key_value_heads: 6 query heads are not a multiple of 8"),
     ],
 )
 def test_bad_settings_name_the_param(tmp_path, capsys, override, expected):
     code, _, err = _run_stage(["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", override], capsys)
-    assert code == 1 and expected in err
+    assert expected in err
+    # a params value the schema accepts but the rules refuse exits 2, like every size error (validate.py)
+    assert code == (2 if override.startswith(("drafter.", "plan.dataset.", "plan.train_assumptions.")) else 1), err
 
 
 def test_bad_hardware_profile_names_the_key(tmp_path):

@@ -17,13 +17,12 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import small_qwen3_config
+from conftest import free_port, rank_env, small_qwen3_config
 
 from dflash.core.errors import UserError
 from dflash.core.hf import load_target_model as load_target
@@ -412,6 +411,26 @@ def test_loss_decreases_and_dvclive_records_it(tmp_path, target, data):
     assert cfg.target_layer_ids == (0, 2) and cfg.block_size == 4
 
 
+@pytest.mark.parametrize("loss_target, weighting", [("target_kl", "dpace"), ("target_argmax", "decay")])
+def test_target_loss_targets_train_through_the_trainer(tmp_path, target, data, loss_target, weighting):
+    """The trainer runs the whole target (final hidden states) for the target_* losses, learns the target's
+    greedy choices (accuracy is against them), and the run is another checkpoint configuration."""
+    model = load_target(target, torch.float32, torch.device("cpu"), False)
+    ran = []
+    model.model.layers[3].register_forward_hook(lambda *_: ran.append(3))
+    feats, final = TargetFeatures(model, [0, 2], 4, batch_tokens=64, final=True)(torch.tensor([5, 6, 7]), [0], [3])
+    assert ran and final.shape == (3, model.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(model.lm_head(final), model(torch.tensor([[5, 6, 7]])).logits[0])
+    extra = [f"train.loss_target={loss_target}", f"train.position_weighting={weighting}", "train.epochs=4"]
+    with one_thread():
+        summary = train(_params(target, tmp_path / "out", *extra), data)
+    assert summary["completed"] and summary["final_loss"] < 0.7 * summary["first_loss"]
+    assert summary["final_accuracy_by_position"][0] > 0.1  # vs the target's argmax (chance ~1/300)
+    info = json.loads((tmp_path / "out/drafter/run_info.json").read_text())
+    assert info["params"]["train"]["loss_target"] == loss_target
+
+
 def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_path, target, data, capsys):
     from dflash.core import cli
     from stages import train as stage
@@ -430,7 +449,7 @@ def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_pat
         return 0, capsys.readouterr().err
 
     code, err = stage_run("drafter.target_layer_ids=[0, 9]")
-    assert code == 1 and "drafter.target_layer_ids: [0, 9] out of range" in err and "Traceback" not in err
+    assert code == 2 and "drafter.target_layer_ids: [0, 9] out of range" in err and "Traceback" not in err
     code, err = stage_run()
     metrics = json.loads((tmp_path / "reports/train.json").read_text())
     assert code == 0 and metrics["completed"] and (tmp_path / "out/drafter/model.safetensors").exists()
@@ -502,14 +521,7 @@ def test_checkpoint_folder_follows_the_config(tmp_path, target, data, uninterrup
 
 
 def _ddp_worker(rank, world, port, target, data, out, result):
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),  # as torchrun sets it: an in-process vLLM engine leaves its own value behind
-    )
+    rank_env(rank, world, port)
     torch.set_num_threads(1)
     trainer = Trainer(_params(Path(target), Path(out)), data)
     metrics = trainer.compute_gradients(0)
@@ -521,9 +533,7 @@ def _ddp_worker(rank, world, port, target, data, out, result):
 def test_ddp_gradients_equal_one_process_on_the_same_global_batch(tmp_path, target, data):
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = tmp_path / "ddp.pt"
     mp.spawn(_ddp_worker, args=(2, port, str(target), str(data), str(tmp_path / "ddp"), str(result)), nprocs=2)
     ddp = torch.load(result, weights_only=True)

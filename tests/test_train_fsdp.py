@@ -17,13 +17,12 @@ losses and grad norms agree to rel 1e-5, exported weights to atol 1e-5 (they are
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port, rank_env
 from test_train import _params, data, target  # noqa: F401  (module fixtures: the tiny target and shards)
 
 from dflash.train import checkpoint, parallel
@@ -45,14 +44,7 @@ def _phases() -> list[tuple[str, str, str, int]]:
 
 
 def _worker(rank, world, port, target_dir, data_dir, root, result):
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),  # as torchrun sets it: an in-process vLLM engine leaves its own value behind
-    )
+    rank_env(rank, world, port)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")  # one group for every phase (Trainer reuses it)
     root, facts = Path(root), {}
@@ -85,9 +77,7 @@ def runs(tmp_path_factory, target, data):  # noqa: F811
     import torch.multiprocessing as mp
 
     root = tmp_path_factory.mktemp("fsdp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = root / "facts.json"
     mp.spawn(_worker, args=(2, port, str(target), str(data), str(root), str(result)), nprocs=2)
     return root, json.loads(result.read_text())

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 import test_train
 import torch
+from conftest import free_port
 from test_train import _overrides, one_thread
 
 from dflash.core.errors import UserError
@@ -102,15 +102,9 @@ def test_a_world_change_without_global_batch_is_refused(tmp_path, target, data):
 # ------------------------------------------------------------------------------------------ torchrun runs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(nodes: int, procs: int, cwd_root: Path, args: list[str], timeout: float = 400) -> None:
     """`nodes` torchrun agents started together on localhost (c10d), node n working in cwd_root/node{n}."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)

@@ -244,11 +244,25 @@ ReferenceMode = Literal["cache", "recompute"]
 
 
 @dataclass(frozen=True)
+class PromptSet:
+    """One eval prompt set, `eval.prompt_sets.NAME` (dflash/eval/prompt_sets.py)."""
+
+    source: str  # a local .jsonl / .json / .parquet of conversations (messages) or prompts (prompt), or hf:DATASET_ID
+    split: str  # hub datasets: the split ("" = train)
+    column: str  # the field holding the messages or prompt text ("" = messages when present, else prompt)
+    num_prompts: int  # prompts evaluated, the first N (0 = all)
+    enable_thinking: bool  # chat template thinking mode for this set
+
+
+@dataclass(frozen=True)
 class EvalParams:
     """Stage `eval`: tau, acceptance per position and speedup measured by real vLLM speculative decoding on
     held-out prompts, beside a PyTorch reference evaluator and baselines (see dflash/eval/stage.py)."""
 
     num_prompts: int  # prompts evaluated, the first N in shard order (0 = all)
+    prompt_sets: dict[
+        str, PromptSet
+    ]  # more named sets beside the held-out split ("heldout"), each with its thinking mode
     max_tokens: int  # output budget per prompt, the same for every engine and the reference
     temperature: float  # 0 = greedy (spec output must equal plain output); > 0 samples (the reference stays greedy)
     engines: list[EvalEngine]  # engine configurations, one vLLM engine each: dflash (required), untrained, ngram, none
@@ -326,6 +340,12 @@ class TrainParams:
     weight_decay: float  # AdamW decoupled weight decay
     adam_betas: list[float]  # AdamW (beta1, beta2)
     grad_clip: float  # clip the global gradient norm to this (0 = off)
+    loss_target: Literal[
+        "tokens", "target_argmax", "target_kl"
+    ]  # what slot k learns: tokens (the dataset token), target_argmax (the target's greedy choice), target_kl (the target's distribution)
+    position_weighting: Literal[
+        "decay", "dpace"
+    ]  # slot weights: decay = exp(-(k-1)/loss_gamma) (paper); dpace = D-PACE confidence weights (arXiv 2605.18810)
     loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
     logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
     feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)

@@ -69,6 +69,7 @@ EVAL = {
     "engine_timeout_s": at_least(1),
     **ENGINE,
 }
+PROMPT_SET = {"num_prompts": at_least(0)}
 TRAIN = {
     "max_length": at_least(2),
     "pack_window": at_least(1),
@@ -161,6 +162,10 @@ def check_eval(params: Params) -> None:
     if len(set(e.engines)) != len(e.engines):
         raise ParamsError(f"eval.engines: {e.engines} has duplicates")
     check(e, "eval", EVAL)
+    for name, spec in e.prompt_sets.items():
+        if name == "heldout":
+            raise ParamsError("eval.prompt_sets.heldout: the name is taken by the held-out split (eval.num_prompts)")
+        check(spec, f"eval.prompt_sets.{name}", PROMPT_SET)
     if e.prompt_lookup_max < e.prompt_lookup_min:
         raise ParamsError(
             f"eval.prompt_lookup_max: must be >= eval.prompt_lookup_min {e.prompt_lookup_min}, got {e.prompt_lookup_max}"

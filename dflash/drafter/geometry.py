@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dflash.core.errors import UserError
+from dflash.core.errors import ParamsError, UserError
 from dflash.core.params import DrafterParams
 from dflash.core.target_config import as_target_arch
 
@@ -68,19 +68,20 @@ def check_mask_token(mask_token_id: int, tokenizer: Any, where: str = "drafter.m
     are safe; an id inside it must be an added special token that is not eos/bos/pad/unk and is not
     spelled in the chat template. Text tokens and special tokens the data uses are refused. `tokenizer` may
     also be a plain int, the number of ids the tokenizer can emit (then every id below it is refused)."""
+    error = ParamsError if where.startswith("drafter.") else UserError  # a params value, or an export's config
     if isinstance(tokenizer, int):
         if mask_token_id < tokenizer:
-            raise UserError(f"{where}: {mask_token_id} is below the tokenizer's {tokenizer} ids; pick an unused row")
+            raise error(f"{where}: {mask_token_id} is below the tokenizer's {tokenizer} ids; pick an unused row")
         return
     if mask_token_id >= len(tokenizer):
         return
     token = tokenizer.convert_ids_to_tokens(mask_token_id)
     added = getattr(tokenizer, "added_tokens_decoder", {}).get(mask_token_id)
     if added is None or not getattr(added, "special", False):
-        raise UserError(f"{where}: {mask_token_id} is the tokenizer's text token {token!r}; pick an unused row")
+        raise error(f"{where}: {mask_token_id} is the tokenizer's text token {token!r}; pick an unused row")
     named = {getattr(tokenizer, f"{n}_token_id", None) for n in ("eos", "bos", "pad", "unk")}
     if mask_token_id in named or token in (getattr(tokenizer, "chat_template", None) or ""):
-        raise UserError(f"{where}: {mask_token_id} ({token!r}) is a special token the data uses")
+        raise error(f"{where}: {mask_token_id} ({token!r}) is a special token the data uses")
 
 
 def validate_config(
@@ -90,12 +91,13 @@ def validate_config(
     prefix: str = "drafter.",
     keys: dict[str, str] | None = None,
 ) -> None:
-    """Raise ValueError naming `prefix + key` (params: "drafter.block_size"; an export: "DIR/config.json:
+    """Raise ParamsError (params: exit 2) or UserError (an export: exit 1) naming `prefix + key` (params: "drafter.block_size"; an export: "DIR/config.json:
     dflash_config.target_layer_ids") for anything that would train or serve a broken drafter."""
     keys = keys or {}
+    error = ParamsError if prefix == "drafter." else UserError  # params exit 2; a bad export's config.json exits 1
 
     def fail(field: str, msg: str) -> None:
-        raise UserError(f"{prefix}{keys.get(field, field)}: {msg}")
+        raise error(f"{prefix}{keys.get(field, field)}: {msg}")
 
     for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
         if getattr(cfg, field) < 1:
@@ -159,10 +161,10 @@ def build_drafter_config(drafter: DrafterParams, target: Any, tokenizer: Any = N
     ids = list(drafter.target_layer_ids)
     if not ids:
         if drafter.num_target_features < 1:
-            raise UserError(f"drafter.num_target_features: must be >= 1, got {drafter.num_target_features}")
+            raise ParamsError(f"drafter.num_target_features: must be >= 1, got {drafter.num_target_features}")
         ids = default_target_layer_ids(n_layers, drafter.num_target_features)
         if len(set(ids)) != len(ids) or not all(0 <= i < n_layers - 1 for i in ids):
-            raise UserError(
+            raise ParamsError(
                 f"drafter.num_target_features: {drafter.num_target_features} evenly spaced ids from 1 to n-3 give "
                 f"{ids} for a {n_layers}-layer target; set drafter.target_layer_ids explicitly"
             )

@@ -1,7 +1,8 @@
 """One eval engine configuration in its own spawned worker process: start vLLM with (or without) a
 speculative_config, warm it up, run every prompt, read the spec-decoding counters around the timed run.
 
-From the engine's own counters, diffed around the timed run (a short warm-up request runs first):
+From the engine's own counters, diffed around each timed run (a short warm-up request runs first; one timed run
+per prompt set, the held-out split first, whose figures are also the top-level ones):
 tau = 1 + vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts, acceptance at position k =
 vllm:spec_decode_num_accepted_tokens_per_pos[k] / drafts. tau counts only steps that carried a draft (an
 n-gram step without a match has none), so each configuration also reports tokens_per_step: output tokens /
@@ -102,7 +103,8 @@ def acceptance(before: dict, after: dict) -> dict:
 
 
 def _drain(engine: Any, prompts: list[list[int]], sampling: list[Any], prefix: str) -> dict:
-    """Submit every prompt at once and step the engine until all finish: tokens, steps, finish reasons."""
+    """Submit every prompt at once and step the engine until all finish: tokens, steps, finish reasons.
+    Request ids are `prefix` + index (the prefix is unique per timed run)."""
     from vllm.inputs import TokensPrompt
 
     n = len(prompts)
@@ -144,21 +146,28 @@ def _measure(cfg: dict) -> tuple[Any, dict]:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    prompts = cfg["prompts"]
-    _drain(engine, prompts[:1], [sampling(WARMUP_TOKENS, 0)], "warmup-")
-    before = read_counters(llm.get_metrics())
-    t1 = time.perf_counter()
-    run = _drain(engine, prompts, [sampling(cfg["max_tokens"], cfg["seed"] + i) for i in range(len(prompts))], "p-")
-    wall = time.perf_counter() - t1
-    after = read_counters(llm.get_metrics())
-    out_tokens = sum(len(t) for t in run["tokens"])
+    sets = cfg["prompt_sets"]  # [(name, prompts)], the held-out split first
+    _drain(engine, sets[0][1][:1], [sampling(WARMUP_TOKENS, 0)], "warmup-")
+    results = {}
+    for name, prompts in sets:  # one timed run per set: its own counter deltas
+        before = read_counters(llm.get_metrics())
+        t1 = time.perf_counter()
+        seeds = [sampling(cfg["max_tokens"], cfg["seed"] + i) for i in range(len(prompts))]
+        run = _drain(engine, prompts, seeds, f"{name}-")
+        wall = time.perf_counter() - t1
+        after = read_counters(llm.get_metrics())
+        out_tokens = sum(len(t) for t in run["tokens"])
+        results[name] = {
+            **run,
+            "counters": acceptance(before, after),
+            "output_tokens": out_tokens,
+            "wall_s": wall,
+            "output_tokens_per_s": out_tokens / wall if wall > 0 else None,
+            "tokens_per_step": out_tokens / max(1, sum(run["steps"])),
+        }
     return llm, {
-        **run,
-        "counters": acceptance(before, after),
-        "output_tokens": out_tokens,
-        "wall_s": wall,
-        "output_tokens_per_s": out_tokens / wall if wall > 0 else None,
-        "tokens_per_step": out_tokens / max(1, sum(run["steps"])),
+        **results[sets[0][0]],  # the held-out set's figures stay the top-level ones
+        "sets": results,
         "engine_start_s": start_s,
         "vllm_version": vllm_version,
         "platform": current_platform.device_type,

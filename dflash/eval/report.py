@@ -5,8 +5,10 @@ bookkeeping over what dflash/eval/engines.py measured; no vLLM.
 eval.json keys (the contract): tau, tau_reference, tau_untrained, tau_ngram (null when that configuration
 did not run), acceptance (pos_k: the share of drafts whose first k drafted tokens were accepted), speedup
 (dflash output tok/s / no-speculation tok/s; null without the `none` engine), num_prompts,
-greedy_identical_frac, reference_gap. eval_details.json adds acceptance_per_position (the same as a list),
-reference_counts_equal, tokens_per_step, the goal checks, notes and per-engine and reference details.
+greedy_identical_frac, reference_gap (all of the held-out split), prompt_sets (per named set, the held-out split
+included as `heldout`: the drafter's tau, the reference's, drafts, acceptance and accepted counts per position;
+dflash/eval/prompt_sets.py). eval_details.json adds prompt_set_details (every engine per set),
+acceptance_per_position (the same as a list), reference_counts_equal, tokens_per_step, the goal checks, notes and per-engine and reference details.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from dflash.core.io import atomic_write
 from dflash.core.metrics import write_metrics
 from dflash.core.params import EvalParams
+from dflash.eval.prompt_sets import headline_rows, table
 
 HEADLINE = (
     "tau",
@@ -30,6 +33,7 @@ HEADLINE = (
     "greedy_identical_frac",
     "reference_gap",
     "acceptance",
+    "prompt_sets",
 )
 GOAL_TAU = 3.0  # the demo's goal: trained tau >= 3.0 at block size >= 4
 GOAL_BLOCK = 4
@@ -67,8 +71,10 @@ def build_report(
     skipped: list[str],
     engines: dict[str, dict],
     reference: dict | None,
+    prompt_sets: dict | None = None,
 ) -> dict:
-    """The full report from the engine results (dflash.eval.engines.measure) and the reference summary."""
+    """The full report from the engine results (dflash.eval.engines.measure), the reference summary and the
+    per-set rows (dflash.eval.prompt_sets.set_rows)."""
     ids = [p["sample_id"] for p in prompts]
     main = engines["dflash"]
     tau = main["counters"]["tau"]
@@ -171,6 +177,8 @@ def build_report(
         "notes": notes,
         "engines": details,
         "reference": ref_out,
+        "prompt_sets": headline_rows(prompt_sets or {}),
+        "prompt_set_details": prompt_sets or {},
     }
     return _round(report)
 
@@ -229,6 +237,9 @@ def markdown(report: dict) -> str:
         "step that produced tokens (prefill included), which also counts n-gram steps without a match.",
         "",
     ]
+    if r.get("prompt_set_details"):
+        lines += ["tau per prompt set (each set its own timed run; thinking = the chat template's mode):", ""]
+        lines += [*table(r["prompt_set_details"]), ""]
     ref = r["reference"]
     if ref:
         lines += [

@@ -3,7 +3,8 @@ decoding), beside a PyTorch reference evaluator and baselines on the same held-o
 
 Inputs: the exported drafter `${train.out}/drafter` (z-lab format), the target (`${base.target_dir}/target.json`),
 held-out prompts `${tokenize.out}/eval/shard-*.arrow` (tokenize's eval split: prompt = input_ids[:num_prompt_tokens],
-already rendered with the training template and thinking mode). Outputs (dflash/eval/report.py):
+already rendered with the training template and thinking mode) and the named sets of `eval.prompt_sets`
+(dflash/eval/prompt_sets.py: every engine and the reference measure each set separately). Outputs (dflash/eval/report.py):
 `reports/eval.json`, `reports/eval.md`, `reports/eval_acceptance.csv` (DVC plot).
 
 Command: python -m stages.eval --params params.yaml
@@ -34,6 +35,7 @@ from dflash.core.params import EvalParams, Params
 from dflash.core.target_config import resolve
 from dflash.core.validate import check_eval
 from dflash.eval.engines import engine_kwargs, run_engine, speculative_config
+from dflash.eval.prompt_sets import HELDOUT, load_prompt_set, set_rows
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +107,9 @@ def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path) -> Path
     return save_drafter(build_drafter(config, dtype=dtype), config, out_dir)
 
 
-def _reference(params: Params, info: dict, drafter_dir: str, prompts: list[dict], stop_ids: list[int]) -> dict:
-    """The PyTorch reference evaluator over the same prompts (greedy); summary + per-prompt tokens."""
+def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, list[dict]], stop_ids: list[int]) -> dict:
+    """The PyTorch reference evaluator over the same prompts (greedy), set by set; the held-out set's summary and
+    tokens at the top, every set's under "sets"."""
     import torch
 
     from dflash.core.hf import load_target_model
@@ -121,20 +124,24 @@ def _reference(params: Params, info: dict, drafter_dir: str, prompts: list[dict]
     target = load_target_model(params.base.target_dir, dtype, device, params.base.trust_remote_code)
     drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
     drafter.eval()
-    t0 = time.perf_counter()
-    results = [
-        reference_decode(target, drafter, p["prompt_ids"], e.max_tokens, stop_ids, mode=e.reference_mode)
-        for p in prompts
-    ]
-    wall = time.perf_counter() - t0
+    out: dict[str, dict] = {}
+    for name, prompts in sets.items():
+        t0 = time.perf_counter()
+        results = [
+            reference_decode(target, drafter, p["prompt_ids"], e.max_tokens, stop_ids, mode=e.reference_mode)
+            for p in prompts
+        ]
+        out[name] = {
+            **summarize(results, cfg.block_size),
+            "wall_s": time.perf_counter() - t0,
+            "tokens": [r.tokens for r in results],
+        }
     del target
-    return {
-        **summarize(results, cfg.block_size),
-        "mode": e.reference_mode,
-        "device": device,
-        "wall_s": wall,
-        "tokens": [r.tokens for r in results],
-    }
+    return {**out[HELDOUT], "mode": e.reference_mode, "device": device, "sets": out}
+
+
+def _set_meta(source: str, kept: list[dict], skipped: list, thinking: bool) -> dict:
+    return {"source": source, "num_prompts": len(kept), "num_skipped": len(skipped), "enable_thinking": thinking}
 
 
 @dataclass
@@ -164,8 +171,22 @@ def run(params: Params) -> EvalRun:
     prompts, skipped = split_by_length(load_prompts(prompts_dir, e.num_prompts), e, dcfg.block_size)
     if not prompts:
         raise UserError(f"{prompts_dir}: no prompt fits eval.max_model_len={e.max_model_len} with its output budget")
+    sets = {HELDOUT: prompts}
+    meta = {HELDOUT: _set_meta(str(prompts_dir), prompts, skipped, params.base.enable_thinking)}
+    for name, spec in e.prompt_sets.items():
+        kept, too_long = split_by_length(
+            load_prompt_set(name, spec, tokenizer, params.base.chat_template_kwargs), e, dcfg.block_size
+        )
+        if not kept:
+            raise UserError(f"eval.prompt_sets.{name}: no prompt fits eval.max_model_len={e.max_model_len}")
+        sets[name], meta[name] = kept, _set_meta(spec.source, kept, too_long, spec.enable_thinking)
     stops = stop_token_ids(info["model"], tokenizer)
-    log.info("eval: %d prompts (%d skipped as too long), engines %s", len(prompts), len(skipped), e.engines)
+    log.info(
+        "eval: %s prompts (%d held-out skipped as too long), engines %s",
+        ", ".join(f"{n} {len(p)}" for n, p in sets.items()),
+        len(skipped),
+        e.engines,
+    )
 
     engines: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="dflash-eval-") as tmp:
@@ -177,7 +198,7 @@ def run(params: Params) -> EvalRun:
             spec = speculative_config(name, e, dirs.get(name, ""), dcfg.block_size)
             cfg = {
                 "engine_kwargs": engine_kwargs(e, info, params.base.seed, params.base.trust_remote_code, spec),
-                "prompts": [p["prompt_ids"] for p in prompts],
+                "prompt_sets": [[name, [p["prompt_ids"] for p in ps]] for name, ps in sets.items()],
                 "max_tokens": e.max_tokens,
                 "temperature": e.temperature,
                 "seed": params.base.seed,
@@ -194,8 +215,9 @@ def run(params: Params) -> EvalRun:
                 r["output_tokens_per_s"] or 0.0,
                 r["tokens_per_step"],
             )
-    reference = _reference(params, info, drafter_dir, prompts, stops) if e.reference else None
-    report = build_report(e, dcfg, prompts, skipped, engines, reference)
+    reference = _reference(params, info, drafter_dir, sets, stops) if e.reference else None
+    prompt_sets = set_rows(meta, engines, reference, e.temperature == 0)
+    report = build_report(e, dcfg, prompts, skipped, engines, reference, prompt_sets)
     write_reports(report, Path(params.base.reports_dir))
     tokens = {name: r["tokens"] for name, r in engines.items()}
     if reference is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash.core.errors import UserError
+from dflash.core.errors import ParamsError, UserError
 from dflash.core.loader import read_yaml
 from dflash.core.target_config import TARGET_JSON, TargetArch, load_target_arch, read_config
 
@@ -226,7 +226,7 @@ def dataset_inputs(plan: Any, paths: dict[str, Path], signature: str = "") -> di
         else:
             raise UserError(f"plan.dataset.{key}: must be > 0 while {file} does not provide it (got {fallback})")
     if not (0 < ds.output_tokens_low <= ds.mean_output_tokens <= ds.output_tokens_high):
-        raise UserError(
+        raise ParamsError(
             "plan.dataset.output_tokens_low / output_tokens_high: need 0 < low <= mean_output_tokens <= high, got "
             f"{ds.output_tokens_low} / {ds.mean_output_tokens} / {ds.output_tokens_high}"
         )

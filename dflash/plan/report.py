@@ -245,7 +245,7 @@ def render_markdown(p: dict) -> str:
     lines += ["", "## Training", ""]
     lines += [
         f"Per sequence: {f['seq_tokens']:.0f} tokens, {f['anchors']:.0f} anchors x block {dr['block_size']} = "
-        f"{f['block_tokens']:.0f} block tokens.",
+        f"{f['block_tokens']:.0f} block tokens; loss target {f.get('loss_target', 'tokens')}.",
         "",
     ]
     lines += _table(
@@ -254,6 +254,7 @@ def render_markdown(p: dict) -> str:
             [k, _n(f[k], 2)]
             for k in (
                 "target_forward",
+                "target_lm_head",
                 "drafter_q_o_mlp",
                 "drafter_kv_projection",
                 "drafter_fc",

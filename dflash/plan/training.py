@@ -1,8 +1,11 @@
 """Training estimate: FLOPs per sequence of online DFlash training and per-GPU memory for three device
 layouts (one GPU, split target / drafter GPUs, data parallel), each with a fits / does-not-fit verdict.
 
-FLOPs: the target forward up to the deepest feature layer, the drafter's forward + backward with KV
-injection and its attention, the frozen lm_head on every drafted slot, at an MFU.
+FLOPs: the target forward up to the deepest feature layer (every layer when the loss learns the target's own
+predictions, `train.loss_target: target_argmax | target_kl`, plus the target's lm_head forward on the drafted
+slots), the drafter's forward + backward with KV injection and its attention, the frozen lm_head on every
+drafted slot, at an MFU. Memory: the target_* losses add the final hidden states and the target's logits chunk
+beside the drafter's (KL: its log-probabilities and probabilities too).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from dflash.core.errors import UserError
+from dflash.core.errors import ParamsError, UserError
 from dflash.core.loader import as_dict
 from dflash.drafter.geometry import parameter_counts
 from dflash.plan import sizing
@@ -24,7 +27,11 @@ GB = 1e9
 # --------------------------------------------------------------------------------------------
 
 
-TRAIN_KEYS = ("max_length", "num_anchors", "epochs", "batch_size", "grad_accum_steps")
+TRAIN_KEYS = ("max_length", "num_anchors", "epochs", "batch_size", "grad_accum_steps", "loss_target")
+# bytes per vocabulary entry of one logits chunk, by loss target (dflash/train/loss.py): tokens = bf16 logits +
+# fp32 log-softmax + fp32 gradient; target_argmax adds the target's fp32 logits; target_kl also its
+# log-probabilities, probabilities and the KL's product term.
+LOGITS_BYTES = {"tokens": 10, "target_argmax": 14, "target_kl": 22}
 
 
 def train_inputs(params: Any) -> SimpleNamespace:
@@ -51,8 +58,13 @@ def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, 
         ctx = min(mean_ctx, d.sliding_window) if kind == "sliding_attention" else mean_ctx
         in_block = (d.block_size + 1) / 2 if kind == "sliding_attention" else d.block_size  # causal vs bidirectional
         attn += 12.0 * nb * (ctx + in_block) * q_dim  # QK^T + AV, forward (4) + backward (8)
+    own = getattr(ta, "loss_target", "tokens") != "tokens"  # the target's own predictions: its whole depth
     parts = {
-        "target_forward": sizing.prefill_flops(t, s, layers=d.deepest_target_layer + 1, with_head=False),
+        "target_forward": sizing.prefill_flops(
+            t, s, layers=None if own else d.deepest_target_layer + 1, with_head=False
+        ),
+        # the target's logits only at the drafted slots' rows (its lm_head forward: 2VH per slot)
+        "target_lm_head": 2.0 * t.vocab_size * t.hidden_size * anchors * (d.block_size - 1) if own else 0.0,
         "drafter_q_o_mlp": 6.0 * (p["attn_q_o"] + p["mlp"] + p["norms"]) * nb,
         "drafter_kv_projection": 6.0 * p["attn_kv"] * (s + nb),  # context features AND block tokens (KV injection)
         "drafter_fc": 6.0 * p["fc"] * s,
@@ -65,6 +77,7 @@ def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, 
     parts["seq_tokens"] = s
     parts["anchors"] = anchors
     parts["block_tokens"] = nb
+    parts["loss_target"] = getattr(ta, "loss_target", "tokens")
     return parts
 
 
@@ -80,14 +93,16 @@ def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, fl
     tp = sizing.target_params(t)
     # Saved per block token per drafter layer: input, norm, q, k, v, attention out, o_proj out, post-norm,
     # gate, up, activation (bf16). Context K/V per layer (pre- and post-norm/RoPE). Logits of one chunk:
-    # bf16 logits + fp32 log-softmax + fp32 gradient = 10 bytes per vocab entry.
+    # LOGITS_BYTES per vocab entry.
     per_token_layer = 2 * (4 * h + 2 * q + 2 * kv + 3 * f)
     act = d.num_hidden_layers * nb * per_token_layer + d.num_hidden_layers * s * 2 * kv * 2 * 2 + s * h * 2 * 2
-    logits = min(anchors, ta.logits_chunk_blocks) * d.block_size * t.vocab_size * 10
+    loss_target = getattr(ta, "loss_target", "tokens")
+    logits = min(anchors, ta.logits_chunk_blocks) * d.block_size * t.vocab_size * LOGITS_BYTES[loss_target]
+    final = b * s * t.hidden_size * 2 if loss_target != "tokens" else 0  # the target's final hidden states
     return {
         "target_weights": w["loaded"],
         "target_activations": b * s * (4 * t.hidden_size + 3 * t.intermediate_size) * 2,  # one layer's temporaries
-        "features": b * s * d.num_target_features * h * 2,  # K concatenated hidden states (bf16)
+        "features": b * s * d.num_target_features * h * 2 + final,  # K concatenated hidden states (bf16)
         "embed_and_head": (tp["embed_tokens"] + (tp["lm_head"] or 0)) * 2,  # drafter-side copy in the split layout
         "drafter_weights": p * 2,
         "drafter_states": p * (ta.state_bytes_per_param - 2),  # grads + fp32 master + AdamW moments
@@ -146,7 +161,7 @@ def training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, split_target_g
         add("data_parallel", num_gpus, {"gpu": dp}, num_gpus / (target_s + drafter_s), num_gpus)
         n_t = split_target_gpus or ta.split_target_gpus
         if not 1 <= n_t < num_gpus:
-            raise UserError(f"plan.train_assumptions.split_target_gpus: need 1 <= {n_t} < {num_gpus} GPUs")
+            raise ParamsError(f"plan.train_assumptions.split_target_gpus: need 1 <= {n_t} < {num_gpus} GPUs")
         n_d = num_gpus - n_t
         shard_d = n_d if ta.shard_optimizer else 1
         target_gpu = {k: mem[k] for k in ("target_weights", "target_activations", "features", "reserve")}

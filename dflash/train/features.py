@@ -4,7 +4,10 @@ The target is any transformers causal LM (`AutoModelForCausalLM`; Qwen3, and the
 config nests the text model under `text_config`: transformers loads their text part). Eval mode, no grad,
 bf16 on GPU / fp32 on CPU (dflash/train/loop.py chooses). Forward hooks on the decoder layers named in target_layer_ids
 keep each one's output (= HF `hidden_states[id + 1]`, docs/design.md section 4); the hook on the deepest needed
-layer then stops the forward, so the remaining layers, the final norm and the lm_head never run. The
+layer then stops the forward, so the remaining layers, the final norm and the lm_head never run. The loss targets
+that learn the target's own predictions (`train.loss_target: target_argmax | target_kl`) also need the final
+hidden state (the last layer after the final norm): then the whole decoder runs (never its lm_head: the loss makes
+target logits only for the rows the blocks need, dflash/train/loss.py). The
 embedding and the lm_head are the target's own modules (get_input_embeddings / get_output_embeddings),
 shared frozen with the drafter.
 
@@ -75,10 +78,11 @@ def target_identity(target_dir: str, config: Any) -> dict:
 
 
 class TargetFeatures:
-    """Callable: (input_ids (S,), doc_starts, doc_lengths) -> features (S, K*H) on the target's device."""
+    """Callable: (input_ids (S,), doc_starts, doc_lengths) -> features (S, K*H) on the target's device, and with
+    `final` also the final hidden states (S, H)."""
 
-    def __init__(self, model: nn.Module, layer_ids: list[int], num_layers: int, batch_tokens: int):
-        self.model, self.layer_ids, self.batch_tokens = model, list(layer_ids), batch_tokens
+    def __init__(self, model: nn.Module, layer_ids: list[int], num_layers: int, batch_tokens: int, final: bool = False):
+        self.model, self.layer_ids, self.batch_tokens, self.final = model, list(layer_ids), batch_tokens, final
         self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
         self.device = next(model.parameters()).device
         self._out: dict[int, torch.Tensor] = {}
@@ -86,7 +90,7 @@ class TargetFeatures:
         layers = decoder_layers(model, num_layers)
         deepest = max(self.layer_ids)
         for i in self.layer_ids:
-            layers[i].register_forward_hook(self._hook(i, stop=i == deepest))
+            layers[i].register_forward_hook(self._hook(i, stop=i == deepest and not final))
 
     def _hook(self, i: int, stop: bool):
         def hook(_module, _args, output):
@@ -99,24 +103,29 @@ class TargetFeatures:
         return hook
 
     @torch.no_grad()
-    def run(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(b, T) ids -> (b, T, K*H), layers in target_layer_ids order."""
+    def run(self, ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(b, T) ids -> features (b, T, K*H), layers in target_layer_ids order, and the final hidden states
+        (b, T, H) when `final` (else None)."""
         self._out.clear()
         self._active = True
+        last = None
         try:
-            self.decoder(input_ids=ids, attention_mask=attention_mask, use_cache=False)
+            out = self.decoder(input_ids=ids, attention_mask=attention_mask, use_cache=False)
+            last = out.last_hidden_state if self.final else None
         except _Stop:
             pass
-        else:  # pragma: no cover - a model that skipped the hooked layers
-            raise RuntimeError("the target's forward never reached its deepest feature layer")
         finally:
             self._active = False
-        return torch.cat([self._out[i] for i in self.layer_ids], dim=-1)
+        if len(self._out) != len(self.layer_ids) or (self.final and last is None):  # pragma: no cover
+            raise RuntimeError("the target's forward never reached its deepest feature layer")
+        return torch.cat([self._out[i] for i in self.layer_ids], dim=-1), last
 
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, doc_starts: list[int], doc_lengths: list[int]) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, doc_starts: list[int], doc_lengths: list[int]
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = input_ids.to(self.device)
-        out = None
+        out = final = None
         order = sorted(range(len(doc_lengths)), key=lambda d: (-doc_lengths[d], d))
         i = 0
         while i < len(order):
@@ -129,11 +138,14 @@ class TargetFeatures:
                 s, n = doc_starts[d], doc_lengths[d]
                 batch[r, :n] = ids[s : s + n]
                 mask[r, :n] = 1
-            feats = self.run(batch, None if len(group) == 1 else mask)  # (b, T, K*H)
+            feats, last = self.run(batch, None if len(group) == 1 else mask)  # (b, T, K*H), (b, T, H) | None
             if out is None:
                 out = feats.new_empty(ids.shape[0], feats.shape[-1])
+                final = last.new_empty(ids.shape[0], last.shape[-1]) if last is not None else None
             for r, d in enumerate(group):
                 s, n = doc_starts[d], doc_lengths[d]
                 out[s : s + n] = feats[r, :n]
+                if final is not None:
+                    final[s : s + n] = last[r, :n]
         assert out is not None, "a micro-step has at least one document"
-        return out
+        return (out, final) if self.final else out

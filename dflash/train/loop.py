@@ -71,7 +71,7 @@ from dflash.train.data import (
 )
 from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
-from dflash.train.loss import LMHead, decayed_ce, slot_weights, tau_hat, valid_weight_sum
+from dflash.train.loss import LMHead, block_loss, normaliser_share, slot_weights, tau_hat
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,11 @@ class Trainer:
         # 3. the target (weights) and its shared frozen modules
         target = load_target_model(base.target_dir, self.dtype, self.target_device, base.trust_remote_code)
         self.features = TargetFeatures(
-            target, self.cfg.target_layer_ids, self.cfg.num_target_layers, tp.target_batch_tokens
+            target,
+            self.cfg.target_layer_ids,
+            self.cfg.num_target_layers,
+            tp.target_batch_tokens,
+            final=tp.loss_target != "tokens",  # the target's own predictions need its final hidden states
         )
         embed = target.get_input_embeddings()
         self.embed = embed if self.target_device == self.device else copy.deepcopy(embed).to(self.device)
@@ -266,7 +270,7 @@ class Trainer:
             anchors = b.anchors.to(dev)
             labels, valid = block_labels(ids, mask, anchors, c.block_size, docs)
             prepared.append((index, b, ids, docs, anchors, labels, valid))
-        local_w = sum(valid_weight_sum(p[6], self.slot_w) for p in prepared)
+        local_w = sum(normaliser_share(p[6], self.slot_w, self.tp.position_weighting) for p in prepared)
         fed = [sum(p[1].num_tokens for p in prepared), sum(docs_digest(p[1].documents) for p in prepared)]
         stats = torch.tensor([local_w, *fed], dtype=torch.float64, device=dev)
         global_w, tokens, digest = self._reduce(stats).tolist()
@@ -277,7 +281,11 @@ class Trainer:
         counted = torch.zeros_like(correct)
         autocast = torch.autocast(dev.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
         for n, (index, b, ids, docs, anchors, labels, valid) in enumerate(prepared):
-            feats = self.features(b.input_ids, b.doc_starts, b.doc_lengths).to(dev, non_blocking=True)  # (S, K*H)
+            feats = self.features(b.input_ids, b.doc_starts, b.doc_lengths)  # (S, K*H) [, final (S, H)]
+            final = None
+            if isinstance(feats, tuple):
+                feats, final = feats[0], feats[1].to(dev, non_blocking=True)
+            feats = feats.to(dev, non_blocking=True)
             if self.tp.feature_noise > 0:
                 feats = self._noise(feats, step, index, b.row_tokens)
             with torch.no_grad():
@@ -292,7 +300,7 @@ class Trainer:
                     hidden = self.forward(
                         feats, block_embeds, anchors, docs, b.position_ids.to(dev), self.backend, masks
                     )
-                out = decayed_ce(
+                out = block_loss(
                     hidden,
                     labels,
                     valid,
@@ -300,6 +308,10 @@ class Trainer:
                     self.slot_w,
                     normaliser,
                     self.tp.logits_chunk_blocks * c.block_size,
+                    self.tp.loss_target,
+                    self.tp.position_weighting,
+                    final,
+                    anchors,
                 )
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
