@@ -57,7 +57,7 @@ from dflash.core.io import config_hash, file_sha256, list_shards, read_arrow, wr
 from dflash.core.loader import as_dict
 from dflash.core.metrics import write_metrics
 from dflash.core.params import Params
-from dflash.core.target_config import resolve, target_signature
+from dflash.core.target_config import check_cpu_hybrid, resolve, target_signature
 from dflash.core.validate import check_generate
 from dflash.generate.contract import Unit, WorkerConfig, count_prompts
 from dflash.generate.dispatch import DispatchResult, dispatch
@@ -204,11 +204,23 @@ def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
     }
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # a box without torch serves nothing on a GPU either
+        return False
+
+
 def run(params: Params, pilot: bool = False) -> dict:
     """The generate stage (or its pilot). Returns the metrics written to reports/."""
     check_generate(params, pilot)  # dflash/core/validate.py: the engine sizes the plan refuses too
     g = params.generate
     info = resolve(params.base.target_dir)
+    hybrid = check_cpu_hybrid(params.base.target_dir, "generate", g.dtype, g.enable_prefix_caching, not _has_cuda())
+    if hybrid:
+        log.info("generate: %s", hybrid)
     source = Path(params.audit.out) / CONVERSATIONS_FILE
     conversations = load_conversations(source)
     if pilot:
