@@ -246,7 +246,7 @@ class EvalParams:
     temperature: float  # 0 = greedy (spec output must equal plain output); > 0 samples (the reference stays greedy)
     engines: list[EvalEngine]  # engine configurations, one vLLM engine each: dflash (required), untrained, ngram, none
     reference: bool  # also run the PyTorch reference evaluator (transformers target + our drafter, greedy)
-    reference_mode: ReferenceMode  # reference target: KV cache cropped after rejection, or full recompute
+    reference_mode: ReferenceMode  # reference target: cache (K/V cropped, Gated DeltaNet state restored after a rejection) or full recompute
     reference_device: str  # torch device of the reference evaluator; "auto" = cuda when present, else cpu
     ngram_num_speculative_tokens: int  # tokens the n-gram baseline proposes per step (0 = block_size - 1)
     prompt_lookup_min: int  # n-gram baseline: shortest n-gram matched in the context
