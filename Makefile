@@ -48,14 +48,14 @@ repro: $(STAMP)
 # The hybrid demo in its own pipeline folder, so that params.yaml and dvc.lock here stay the dense demo's:
 # the tracked tree (reports/ left out) is copied into HYBRID_DIR (git-ignored), the overlay is written into
 # that copy's params.yaml and committed in the copy's own git repo (dvclive needs a commit), the DVC cache is
-# shared, and the copy's dvc.lock starts from reports/hybrid/dvc.lock.
+# shared, and the copy's dvc.lock starts from reports/hybrid/dvc.lock when there is one (else the copy keeps its own).
 HYBRID_OVERLAY ?= params/demo-hybrid.yaml
 HYBRID_DIR ?= build/demo-hybrid
 HYBRID_REPORTS ?= reports/hybrid
 demo-hybrid: $(STAMP)
 	mkdir -p $(HYBRID_DIR)
 	git ls-files -z | grep -zv '^reports/' | tar --null -T - -cf - | tar -xf - -C $(HYBRID_DIR)
-	if [ -f $(HYBRID_REPORTS)/dvc.lock ]; then cp $(HYBRID_REPORTS)/dvc.lock $(HYBRID_DIR)/dvc.lock; else rm -f $(HYBRID_DIR)/dvc.lock; fi
+	if [ -f $(HYBRID_REPORTS)/dvc.lock ]; then cp $(HYBRID_REPORTS)/dvc.lock $(HYBRID_DIR)/dvc.lock; fi
 	cd $(HYBRID_DIR) && { [ -d .git ] || git init -q; } && python -m dflash.core.overlay $(HYBRID_OVERLAY) \
 	  && git add -A && git -c user.name=demo-hybrid -c user.email=demo-hybrid@localhost commit -q --allow-empty -m copy \
 	  && dvc cache dir --local $(abspath .dvc/cache) && dvc repro
