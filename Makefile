@@ -1,5 +1,6 @@
 # dflash-pipeline: every target is a one-liner that delegates (see README.md).
 #   make demo   - set up if needed, then `dvc repro` the whole pipeline on the embedded tiny target (CPU)
+#   make demo-hybrid - the same DAG on a tiny Gated DeltaNet hybrid target, in build/demo-hybrid/ -> reports/hybrid/
 #   make test   - set up if needed, then the test suite
 #   GPU host (README "GPU host"): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
 SHELL := /bin/bash
@@ -23,7 +24,7 @@ IMAGE ?= dflash-pipeline:gpu
 WITH_FLASH_ATTN ?= 0
 REMOTE ?= storage
 
-.PHONY: setup demo repro test test-fast lint plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
+.PHONY: setup demo demo-hybrid repro test test-fast lint plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
 
 setup: $(STAMP)
 
@@ -43,6 +44,23 @@ demo: $(STAMP)
 
 repro: $(STAMP)
 	dvc repro
+
+# The hybrid demo in its own pipeline folder, so that params.yaml and dvc.lock here stay the dense demo's:
+# the tracked tree (reports/ left out) is copied into HYBRID_DIR (git-ignored), the overlay is written into
+# that copy's params.yaml and committed in the copy's own git repo (dvclive needs a commit), the DVC cache is
+# shared, and the copy's dvc.lock starts from reports/hybrid/dvc.lock when there is one (else the copy keeps its own).
+HYBRID_OVERLAY ?= params/demo-hybrid.yaml
+HYBRID_DIR ?= build/demo-hybrid
+HYBRID_REPORTS ?= reports/hybrid
+demo-hybrid: $(STAMP)
+	mkdir -p $(HYBRID_DIR)
+	git ls-files -z | grep -zv '^reports/' | tar --null -T - -cf - | tar -xf - -C $(HYBRID_DIR)
+	if [ -f $(HYBRID_REPORTS)/dvc.lock ]; then cp $(HYBRID_REPORTS)/dvc.lock $(HYBRID_DIR)/dvc.lock; fi
+	cd $(HYBRID_DIR) && { [ -d .git ] || git init -q; } && python -m dflash.core.overlay $(HYBRID_OVERLAY) \
+	  && git add -A && git -c user.name=demo-hybrid -c user.email=demo-hybrid@localhost commit -q --allow-empty -m copy \
+	  && dvc cache dir --local $(abspath .dvc/cache) && dvc repro
+	rm -rf $(HYBRID_REPORTS) && mkdir -p $(HYBRID_REPORTS)
+	cp -r $(HYBRID_DIR)/reports/. $(HYBRID_REPORTS)/ && cp $(HYBRID_DIR)/dvc.lock $(HYBRID_REPORTS)/dvc.lock
 
 test: $(STAMP)
 	$(PY) -m pytest -q

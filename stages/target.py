@@ -10,10 +10,13 @@ from pathlib import Path
 
 from dflash.core import cli
 from dflash.core.io import write_json
+from dflash.core.validate import check_target
 
 
 def main(params):
     from dflash.target import build as target
+
+    check_target(params)  # before any work: a refused size leaves the previous target as it was
 
     if params.target.source == "tiny":
         metrics = target.build_tiny(params.target, params.base, params.base.target_dir)

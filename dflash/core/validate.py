@@ -4,6 +4,7 @@ so what train or generate would refuse the plan refuses too, before it estimates
 Inputs: a `Params` (dflash.core.params). Outputs: nothing, or a ParamsError naming the full key and the rule
 (`generate.tensor_parallel_size: must be >= 1, got 0`). Pure params: no file is read, no library imported.
 
+    check_target(params)           target: the tiny target's sizes, and the hybrid's linear-attention geometry
     check_generate(params, pilot)  generate / pilot: the generate section (engine sizes, units, sampling)
     check_eval(params)             eval: its engine list and engine sizes
     check_train(params)            train: every train size, and train.max_length against the drafter's positions
@@ -39,6 +40,49 @@ def check(section: Any, prefix: str, rules: dict[str, Rule]) -> None:
         value = getattr(section, key)
         if not ok(value):
             raise ParamsError(f"{prefix}.{key}: must be {words}, got {value!r}")
+
+
+TINY = {  # target.tiny: every size of the embedded tiny target
+    "hidden_size": at_least(1),
+    "intermediate_size": at_least(1),
+    "num_hidden_layers": at_least(1),
+    "num_attention_heads": at_least(1),
+    "num_key_value_heads": at_least(1),
+    "head_dim": at_least(1),
+    "rope_theta": POSITIVE,
+    "max_position_embeddings": at_least(1),
+    "linear_num_key_heads": at_least(1),
+    "linear_num_value_heads": at_least(1),
+    "linear_head_dim": at_least(1),
+    "corpus_size": at_least(1),
+    "steps": at_least(0),  # 0 = random weights
+    "batch_size": at_least(1),
+    "max_length": at_least(2),
+    "lr": POSITIVE,
+}
+HYBRID_EVERY = 4  # qwen3_next tiny target: every 4th layer is full attention (the Qwen3.5 / 3.6 pattern, 3 : 1)
+
+
+def check_target(params: Params) -> None:
+    """The tiny target's sizes; a qwen3_next one needs a full-attention layer and grouped value heads."""
+    t = params.target.tiny
+    check(t, "target.tiny", TINY)
+    if t.num_attention_heads % t.num_key_value_heads:
+        raise ParamsError(
+            f"target.tiny.num_attention_heads: must be a multiple of target.tiny.num_key_value_heads "
+            f"{t.num_key_value_heads}, got {t.num_attention_heads}"
+        )
+    if t.architecture == "qwen3_next":
+        if t.num_hidden_layers < HYBRID_EVERY:
+            raise ParamsError(
+                f"target.tiny.num_hidden_layers: must be >= {HYBRID_EVERY} for architecture qwen3_next (every "
+                f"{HYBRID_EVERY}th layer is full attention), got {t.num_hidden_layers}"
+            )
+        if t.linear_num_value_heads % t.linear_num_key_heads:
+            raise ParamsError(
+                f"target.tiny.linear_num_value_heads: must be a multiple of target.tiny.linear_num_key_heads "
+                f"{t.linear_num_key_heads}, got {t.linear_num_value_heads}"
+            )
 
 
 # Engine sizes: the same names and rules in `generate` and `eval` (both start vLLM engines; the plan models

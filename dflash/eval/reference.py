@@ -15,9 +15,15 @@ Counting mirrors vLLM's scheduler: acceptance counts the whole verified block ev
 the output budget cuts the committed tokens short (the output is truncated afterwards), and no draft is
 made once the request has finished.
 
-Modes: "cache" keeps the target's KV cache (transformers DynamicCache) and crops the rejected positions
-after each cycle (full-attention targets); "recompute" runs the target over the whole sequence every
-cycle (any architecture; slow, and the simplest thing that can be right).
+Modes: "cache" keeps the target's cache (transformers DynamicCache) and, after a rejection, removes the
+rejected positions; "recompute" runs the target over the whole sequence every cycle (slow, and the simplest
+thing that can be right). Cropping works for attention layers (K/V per position), not for recurrent ones: a
+Gated DeltaNet layer (Qwen3-Next / 3.5 / 3.6 hybrids) folds every fed token into one conv window + one
+recurrent state, so a crop would keep the rejected drafts inside it. Cache mode therefore snapshots each
+linear-attention layer's conv and recurrent state before a verify pass and, when drafts were rejected,
+restores the snapshot, crops the attention layers' K/V back to the committed length and re-feeds the a+1
+verified tokens (the decoder only, no lm_head): the state then holds exactly the committed tokens.
+tests/test_hybrid_reference.py shows crop-only diverges from recompute and restore equals it.
 """
 
 from __future__ import annotations
@@ -49,6 +55,33 @@ class ReferenceResult:
         return sum(self.accepted_per_pos)
 
 
+def _linear_layers(cache: Any) -> list[Any]:
+    """The cache layers that hold a recurrent (conv + linear-attention) state instead of per-position K/V."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return [layer for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+
+def _snapshot(cache: Any) -> list[tuple[Any, list[Any], list[Any]]]:
+    """Copies of every linear-attention layer's conv and recurrent states (None where not initialized)."""
+    snap = []
+    for layer in _linear_layers(cache):
+        conv = [None if t is None else t.clone() for t in layer.conv_states.values()]
+        rec = [None if t is None else t.clone() for t in layer.recurrent_states.values()]
+        snap.append((layer, conv, rec))
+    return snap
+
+
+def _restore(snap: list[tuple[Any, list[Any], list[Any]]]) -> None:
+    for layer, conv, rec in snap:
+        for i, t in enumerate(conv):
+            if t is not None:
+                layer.conv_states[i].copy_(t)  # in place: the layer's tensors keep their (static) address
+        for i, t in enumerate(rec):
+            if t is not None:
+                layer.recurrent_states[i].copy_(t)
+
+
 class _Target:
     """The transformers target behind one interface for both modes: feed ids, get (logits, features)."""
 
@@ -59,6 +92,8 @@ class _Target:
         self.device = next(model.parameters()).device
         self.ids: list[int] = []  # tokens whose K/V the cache holds (cache mode) / the committed sequence
         self.cache: Any = None
+        self._snap: list | None = None  # linear-attention states before the last forward (cache mode)
+        self.refed_tokens = 0  # tokens re-fed after a restore (cache mode, recurrent layers; the extra work)
 
     @torch.no_grad()
     def forward(self, new_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,22 +108,52 @@ class _Target:
                 from transformers import DynamicCache
 
                 self.cache = DynamicCache(config=self.model.config)
-            assert self.cache.get_seq_length() == len(self.ids), "target cache out of step with the sequence"
+            assert self._seq_length() == len(self.ids), "target cache out of step with the sequence"
+            self._snap = _snapshot(self.cache) if self.ids else None
             x = torch.tensor([new_ids], device=self.device)
             out = self.model(x, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
         hidden = [h[0, -n:] for h in out.hidden_states]
         return out.logits[0, -n:].float(), context_features(hidden, self.layer_ids)
 
+    def _seq_length(self) -> int:
+        from transformers.cache_utils import CacheLayerMixin
+
+        kv = [layer for layer in self.cache.layers if isinstance(layer, CacheLayerMixin)]
+        return kv[0].get_seq_length() if kv else len(self.ids)
+
+    def _crop_kv(self, n: int) -> None:
+        """Drop the last n positions of every attention layer's K/V (linear-attention layers are left alone)."""
+        from transformers.cache_utils import CacheLayerMixin
+
+        for layer in self.cache.layers:
+            if isinstance(layer, CacheLayerMixin):
+                try:
+                    layer.crop(-n)  # negative = number of positions to remove
+                except (RuntimeError, NotImplementedError) as exc:
+                    raise UserError(
+                        f"the target's KV cache cannot drop rejected positions ({exc}); "
+                        "use eval.reference_mode=recompute"
+                    ) from exc
+
     def commit(self, new_ids: list[int], keep: int) -> None:
         """Keep the first `keep` of the ids just fed (the verified ones); drop the rest from the cache."""
+        if self.cache is None or keep == len(new_ids):
+            self.ids += new_ids[:keep]
+            return
+        if self._snap is None or not _linear_layers(self.cache):
+            self._crop_kv(len(new_ids) - keep)
+            self.ids += new_ids[:keep]
+            return
+        # Recurrent layers: back to the state before the block, then feed the verified tokens again.
+        _restore(self._snap)
+        self._crop_kv(len(new_ids))
+        if keep:
+            x = torch.tensor([new_ids[:keep]], device=self.device)
+            decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+            with torch.no_grad():
+                decoder(input_ids=x, past_key_values=self.cache, use_cache=True)
+            self.refed_tokens += keep
         self.ids += new_ids[:keep]
-        if self.cache is not None and keep < len(new_ids):
-            try:
-                self.cache.crop(-(len(new_ids) - keep))  # negative = number of positions to remove
-            except (RuntimeError, NotImplementedError) as exc:  # e.g. linear-attention (GDN) layers
-                raise UserError(
-                    f"the target's KV cache cannot drop rejected positions ({exc}); use eval.reference_mode=recompute"
-                ) from exc
 
 
 @torch.no_grad()

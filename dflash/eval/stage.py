@@ -32,7 +32,7 @@ from typing import Any
 from dflash.core.errors import UserError
 from dflash.core.io import list_shards, read_arrow
 from dflash.core.params import EvalParams, Params
-from dflash.core.target_config import resolve
+from dflash.core.target_config import check_cpu_hybrid, resolve
 from dflash.core.validate import check_eval
 from dflash.eval.engines import engine_kwargs, run_engine, speculative_config
 from dflash.eval.prompt_sets import HELDOUT, load_prompt_set, set_rows
@@ -159,6 +159,12 @@ def run(params: Params) -> EvalRun:
 
     e = params.eval
     info = resolve(params.base.target_dir)
+    import torch
+
+    # The engines run with prefix caching off (engine_kwargs); the reference runs in eval.dtype too.
+    hybrid = check_cpu_hybrid(params.base.target_dir, "eval", e.dtype, False, not torch.cuda.is_available())
+    if hybrid:
+        log.info("eval: %s; reference restores the recurrent state after each rejection", hybrid)
     target_config = target_config_dict(params.base.target_dir, params.base.trust_remote_code)
     tokenizer = load_tokenizer(info["model"], params.base.trust_remote_code, info.get("revision"))
     drafter_path = Path(params.train.out) / "drafter"  # what the train stage exports

