@@ -68,18 +68,26 @@ def hybrid_layer_types(num_layers: int) -> list[str]:
 
 def tiny_config(tp: TargetParams) -> Any:
     t = tp.tiny
+    common = dict(  # what both architectures share: the Qwen3 vocabulary, special ids and the attention geometry
+        vocab_size=QWEN3_VOCAB_ROWS,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
     if t.architecture == "qwen3_next":
         from transformers import Qwen3NextConfig
 
         return Qwen3NextConfig(
-            vocab_size=QWEN3_VOCAB_ROWS,
-            hidden_size=t.hidden_size,
-            intermediate_size=t.intermediate_size,
-            num_hidden_layers=t.num_hidden_layers,
-            num_attention_heads=t.num_attention_heads,
-            num_key_value_heads=t.num_key_value_heads,
-            head_dim=t.head_dim,
-            max_position_embeddings=t.max_position_embeddings,
+            **common,
             rope_parameters={"rope_type": "default", "rope_theta": t.rope_theta, "partial_rotary_factor": 0.25},
             linear_num_key_heads=t.linear_num_key_heads,
             linear_num_value_heads=t.linear_num_value_heads,
@@ -94,32 +102,11 @@ def tiny_config(tp: TargetParams) -> Any:
             num_experts_per_tok=2,
             moe_intermediate_size=max(1, t.intermediate_size // 2),
             shared_expert_intermediate_size=max(1, t.intermediate_size // 2),
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            pad_token_id=151643,
             dtype=HYBRID_DTYPE,
         )
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=QWEN3_VOCAB_ROWS,
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_hidden_layers=t.num_hidden_layers,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        max_position_embeddings=t.max_position_embeddings,
-        rope_theta=t.rope_theta,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
-        dtype="float32",
-    )
+    return Qwen3Config(**common, rope_theta=t.rope_theta, dtype="float32")
 
 
 def _corpus_ids(tokenizer: Any, conversations: list[list[dict]], max_length: int) -> list[list[int]]:
