@@ -52,7 +52,7 @@ from dflash.drafter.model import block_input_ids, block_labels, build_drafter  #
 from dflash.plan.inputs import load_hardware  # noqa: E402
 from dflash.plan.training import training_flops_per_sequence  # noqa: E402
 from dflash.train.data import pack_best_fit  # noqa: E402
-from dflash.train.loss import LMHead, decayed_ce, slot_weights  # noqa: E402
+from dflash.train.loss import LMHead, block_loss, slot_weights  # noqa: E402
 
 BACKENDS = ("sdpa", "flex", "flex-compiled")
 SPEEDUP_GOAL = 3.0  # flex step vs dense-mask step at seq 4096 / 512 anchors (issue 17)
@@ -303,7 +303,7 @@ def _step_figures(ctx, opt, labels, valid, head, w, chunk: int) -> dict:
         opt.zero_grad(set_to_none=True)
         with autocast:
             hidden = module(*inputs)
-        out = decayed_ce(hidden, labels, valid, head, w, 1.0, chunk)
+        out = block_loss(hidden, labels, valid, head, w, 1.0, chunk)
         out.loss.backward()
         opt.step()
 

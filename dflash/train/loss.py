@@ -275,19 +275,6 @@ def block_loss(
     return LossOut(loss, float(w.sum()) * normaliser, correct, counted)
 
 
-def decayed_ce(
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    valid: torch.Tensor,
-    head: LMHead,
-    slot_w: torch.Tensor,
-    normaliser: float,
-    chunk_rows: int,
-) -> LossOut:
-    """The paper's loss: CE against the dataset tokens with decay weights (block_loss's defaults)."""
-    return block_loss(hidden, labels, valid, head, slot_w, normaliser, chunk_rows)
-
-
 def tau_hat(acc: list[float]) -> float:
     """1 + sum_k prod_{j<=k} acc_j over slots 1..B-1 (module docstring)."""
     total, run = 1.0, 1.0
@@ -303,7 +290,6 @@ __all__ = [
     "LMHead",
     "LossOut",
     "block_loss",
-    "decayed_ce",
     "dpace_weights",
     "normaliser_share",
     "slot_weights",
