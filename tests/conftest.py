@@ -221,6 +221,30 @@ def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_t
     return model, min(hits)
 
 
+def distinct_sample_rows(n: int) -> list[dict]:
+    """The first n well-formed conversations of the bundled sample (data/sample/messages.jsonl) with distinct
+    first user prompts, as {"id", "messages"} rows: the small inputs of the end-to-end pipeline tests."""
+    import json
+
+    rows, seen = [], set()
+    for line in (REPO / "data/sample/messages.jsonl").read_bytes().splitlines():
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        msgs = row.get("messages") if isinstance(row, dict) else None
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
+            continue
+        first = next((m["content"] for m in msgs if m.get("role") == "user"), None)
+        if first is None or first in seen:
+            continue
+        seen.add(first)
+        rows.append({"id": row.get("id"), "messages": msgs})
+        if len(rows) == n:
+            break
+    return rows
+
+
 @pytest.fixture(scope="session")
 def sample_conversations():
     """The bundled sample's well-formed messages-format conversations (no audit needed)."""

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import distinct_sample_rows
 
 from dflash.core.io import read_json
 
@@ -50,28 +51,14 @@ SMALL = [
 STAGES = [("target", []), ("audit", []), ("generate", []), ("tokenize", []), ("train", []), ("eval", [])]
 
 
-def _input(repo_root, path, n=16):
+def _input(path, n=16):
     """The first n well-formed conversations of the bundled sample with distinct first prompts."""
-    rows, seen = [], set()
-    for line in (repo_root / "data/sample/messages.jsonl").read_bytes().splitlines():
-        try:
-            row = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        msgs = row.get("messages") if isinstance(row, dict) else None
-        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
-            continue
-        first = next((m["content"] for m in msgs if m.get("role") == "user"), None)
-        if first is None or first in seen:
-            continue
-        seen.add(first)
-        rows.append({"id": row.get("id"), "messages": msgs})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+    path.write_text("".join(json.dumps(r) + "\n" for r in distinct_sample_rows(n)))
 
 
 @pytest.mark.slow
 def test_hybrid_target_through_generate_tokenize_train_eval(repo_root, tmp_path):
-    _input(repo_root, tmp_path / "tiny.jsonl")
+    _input(tmp_path / "tiny.jsonl")
     paths = {
         "base.target_dir": "target",
         "base.reports_dir": "reports",

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import distinct_sample_rows
 
 from dflash.core.loader import apply_overrides, from_dict, read_yaml
 from dflash.core.metrics import MAX_SHOWN, shown_values
@@ -142,23 +143,9 @@ def write_tiny_params(repo: Path, overrides: list[str]) -> None:
 
 def write_tiny_input(repo: Path) -> None:
     """The first NUM_CONVERSATIONS well-formed conversations of the bundled sample with distinct first prompts."""
-    rows, seen = [], set()
-    for line in (REPO / "data/sample/messages.jsonl").read_bytes().splitlines():
-        try:
-            row = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        msgs = row.get("messages") if isinstance(row, dict) else None
-        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and "content" in m for m in msgs)):
-            continue
-        first = next((m["content"] for m in msgs if m.get("role") == "user"), None)
-        if first is None or first in seen:
-            continue
-        seen.add(first)
-        rows.append({"id": row.get("id"), "messages": msgs})
+    rows = distinct_sample_rows(NUM_CONVERSATIONS)
     assert len(rows) >= NUM_CONVERSATIONS, "data/sample has too few usable conversations"
-    text = "".join(json.dumps(r) + "\n" for r in rows[:NUM_CONVERSATIONS])
-    (repo / "data/tiny.jsonl").write_text(text)
+    (repo / "data/tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 @pytest.fixture(scope="module")
