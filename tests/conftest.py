@@ -171,6 +171,28 @@ def small_hybrid_config(layers: int = 4, hidden: int = 64, vocab: int = 512):
     )
 
 
+def small_drafter_config(target_config, layers: int):
+    """The reference-evaluator fixtures' drafter over a small target (vocab 512): `layers` layers of width 2 x 16,
+    block 4, mask token 511, features from target layers 0 and 2; the rest from params.yaml's drafter."""
+    import dataclasses
+
+    from dflash.core.loader import load_params
+    from dflash.drafter.geometry import build_drafter_config
+
+    dp = dataclasses.replace(
+        load_params(REPO / "params.yaml").drafter,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        block_size=4,
+        mask_token_id=511,
+        target_layer_ids=[0, 2],
+    )
+    return build_drafter_config(dp, target_config)
+
+
 def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
     completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough

@@ -6,14 +6,13 @@ contract keys. The vLLM part starts 3 engines (dflash, untrained, none) for the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
 import pyarrow as pa
 import pytest
 import torch
-from conftest import overfit_drafter, small_qwen3_config
+from conftest import overfit_drafter, small_drafter_config, small_qwen3_config
 from transformers import Qwen3ForCausalLM
 
 from dflash.core.contracts import SAMPLE_SCHEMA as SHARD_SCHEMA  # the tokenize stage's shard contract
@@ -49,24 +48,12 @@ def write_eval_shard(path, samples):
 
 
 @pytest.fixture(scope="module")
-def small(repo_root):
+def small():
     """A random small Qwen3 target (vocab 512) and a 2-layer drafter over-fitted on its greedy outputs."""
     torch.manual_seed(0)
     tc = small_qwen3_config(layers=4)
     target = Qwen3ForCausalLM(tc).eval()
-    params = load_params(repo_root / "params.yaml")
-    dp = dataclasses.replace(
-        params.drafter,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        block_size=4,
-        mask_token_id=511,
-        target_layer_ids=[0, 2],
-    )
-    cfg = build_drafter_config(dp, tc)
+    cfg = small_drafter_config(tc, layers=2)
     rng = random.Random(0)
     prompts = [[rng.randrange(500) for _ in range(rng.randint(3, 12))] for _ in range(4)]
     sequences = []

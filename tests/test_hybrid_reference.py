@@ -6,37 +6,22 @@ stage's target features of a document in a right-padded batch equal the document
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 import torch
-from conftest import overfit_drafter, small_hybrid_config
+from conftest import overfit_drafter, small_drafter_config, small_hybrid_config
 from transformers import DynamicCache, Qwen3NextForCausalLM
 
-from dflash.core.loader import load_params
-from dflash.drafter.geometry import build_drafter_config
 from dflash.eval.reference import _Target, greedy_decode, reference_decode
 
 
 @pytest.fixture(scope="module")
-def hybrid(repo_root):
+def hybrid():
     torch.manual_seed(0)
     tc = small_hybrid_config()
     target = Qwen3NextForCausalLM(tc).eval()
-    params = load_params(repo_root / "params.yaml")
-    dp = dataclasses.replace(
-        params.drafter,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        block_size=4,
-        mask_token_id=511,
-        target_layer_ids=[0, 2],
-    )
-    cfg = build_drafter_config(dp, tc)
+    cfg = small_drafter_config(tc, layers=1)
     rng = random.Random(0)
     prompts = [[rng.randrange(500) for _ in range(rng.randint(4, 12))] for _ in range(4)]
     sequences = [(torch.tensor(p + greedy_decode(target, p, 40)), len(p)) for p in prompts]

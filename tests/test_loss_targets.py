@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from conftest import small_qwen3_config
+from transformers import Qwen3ForCausalLM
 
 from dflash.train.features import TargetFeatures
 from dflash.train.loss import LMHead, block_loss, dpace_weights, normaliser_share, slot_weights, target_rows
@@ -16,17 +17,7 @@ B = 4
 
 def _tiny(vocab=300, hidden=32):
     torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        tie_word_embeddings=False,
-    )
-    return Qwen3ForCausalLM(cfg).eval()
+    return Qwen3ForCausalLM(small_qwen3_config(layers=3, hidden=hidden, vocab=vocab, tie_word_embeddings=False)).eval()
 
 
 def _blocks(seq_len: int, n: int, seed: int = 0):
