@@ -123,18 +123,31 @@ def test_target_counts_match_transformers():
     assert ours["text_total"] + ours["mtp_skipped"] + ours["vision_skipped"] == pytest.approx(27.78e9, rel=0.002)
 
 
-def test_tiny_target_counts_match_transformers():
+@pytest.mark.parametrize("architecture", ["qwen3", "qwen3_next"])
+def test_tiny_target_counts_match_transformers(architecture):
+    """Both tiny targets; the hybrid one's last layer is a 4-expert MoE (+ shared expert), which the counts must
+    price: every expert loaded, only the top-k run per token."""
     torch = pytest.importorskip("torch")
-    from transformers import Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from dflash.target.build import tiny_config
 
-    p = load_params("params.yaml")
+    p = load_params("params.yaml", [f"target.tiny.architecture={architecture}"])
     cfg = tiny_config(p.target)
     with torch.device("meta"):
-        ref = _meta_counts(Qwen3ForCausalLM(cfg))
-    ours = sizing.target_params(target_config.parse_target_config(cfg.to_dict(), "tiny"))
+        model = AutoModelForCausalLM.from_config(cfg)
+    ref = _meta_counts(model)
+    t = target_config.parse_target_config(cfg.to_dict(), "tiny")
+    ours = sizing.target_params(t)
     assert (ours["decoder"], ours["embed_tokens"], ours["lm_head"]) == (ref["decoder"], ref["embed"], ref["lm_head"])
+    if architecture == "qwen3":
+        assert t.moe_layers == () and ours["decoder_linear_active"] == ours["decoder_linear"]
+        return
+    assert t.moe_layers == (t.num_layers - 1,)
+    moe = model.model.layers[-1].mlp
+    experts = sum(x.numel() for x in moe.experts.parameters())
+    active = experts // t.num_experts * t.num_experts_per_tok  # what one token runs of them
+    assert ours["decoder_linear"] - ours["decoder_linear_active"] == experts - active > 0
 
 
 def test_drafter_count_matches_qwen3_layers(tmp_path):

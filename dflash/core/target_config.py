@@ -87,6 +87,10 @@ class TargetArch:
     tie_word_embeddings: bool
     mtp_layers: int
     num_experts: int  # 0 for dense MLPs
+    moe_layers: tuple[int, ...]  # the layers whose MLP is a mixture of experts (() when dense)
+    moe_intermediate_size: int  # one expert's SwiGLU width
+    shared_expert_intermediate_size: int  # the always-on shared expert's width (0 = none)
+    num_experts_per_tok: int  # experts each token runs (top-k)
     ssm_dtype: str  # the config's recurrent-state dtype (mamba_ssm_dtype), "" when absent
     vision: dict  # vision_config ({} when none)
 
@@ -135,6 +139,12 @@ def parse_target_config(raw: Any, source: str) -> TargetArch:
         if kind not in ATTENTION_TYPES + LINEAR_TYPES:
             raise UserError(f"{source}: layer_types[{i}]: unknown layer type {kind!r}")
     hybrid = any(t in LINEAR_TYPES for t in layer_types)
+    experts = int(text.get("num_experts") or 0)
+    # transformers' Qwen3-MoE / Qwen3-Next rule: layer i is sparse unless listed in mlp_only_layers, every
+    # decoder_sparse_step-th layer, when the model has experts at all
+    step = int(text.get("decoder_sparse_step") or 1)
+    dense_only = set(text.get("mlp_only_layers") or [])
+    moe_layers = tuple(i for i in range(n_layers) if experts and i not in dense_only and (i + 1) % step == 0)
     lin = {k: int(_need(text, k, source)) if hybrid else int(text.get(k, 0) or 0) for k in _LINEAR_KEYS}
     return TargetArch(
         architecture=str((raw.get("architectures") or text.get("architectures") or ["?"])[0]),
@@ -156,7 +166,11 @@ def parse_target_config(raw: Any, source: str) -> TargetArch:
         lin_conv_kernel=lin["linear_conv_kernel_dim"],
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         mtp_layers=int(text.get("mtp_num_hidden_layers", raw.get("mtp_num_hidden_layers", 0)) or 0),
-        num_experts=int(text.get("num_experts") or 0),
+        num_experts=experts,
+        moe_layers=moe_layers,
+        moe_intermediate_size=int(text.get("moe_intermediate_size") or 0) if moe_layers else 0,
+        shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0) if moe_layers else 0,
+        num_experts_per_tok=int(text.get("num_experts_per_tok") or 0) if moe_layers else 0,
         ssm_dtype=str(text.get("mamba_ssm_dtype") or ""),
         vision=dict(raw.get("vision_config") or {}),
     )

@@ -138,10 +138,7 @@ def load_target(path: Path) -> TargetArch:
             f"plan.target_config: {path} does not exist (run the target stage, or point plan.target_config "
             "at a config.json, e.g. params/targets/qwen3.6-27b.config.json)"
         )
-    target = load_target_arch(path)
-    if target.num_experts:
-        raise UserError(f"{path}: num_experts: mixture-of-experts targets are not supported by the planner")
-    return target
+    return load_target_arch(path)
 
 
 class TokenizerFacts:

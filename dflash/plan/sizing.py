@@ -10,7 +10,10 @@ Supported targets:
   `layer_types` mixes "linear_attention" (Gated DeltaNet) and "full_attention" (gated: q_proj is
   doubled to carry the output gate). Their MTP layers (`mtp_num_hidden_layers`) and the vision
   tower are counted but NOT loaded for generation or training (vLLM skips `mtp.*` and runs
-  `--language-model-only`; online training needs only the text decoder).
+  `--language-model-only`; online training needs only the text decoder);
+- mixture-of-experts MLPs (`num_experts`, the Qwen3-MoE / Qwen3-Next layer rule with `mlp_only_layers` and
+  `decoder_sparse_step`): every expert, the shared expert and the router are loaded (memory, bytes read per
+  decode step at the batch sizes a generation job runs); FLOPs count the top-k experts a token runs.
 
 Dimension letters: H hidden, F FFN width, V vocab, nq/nkv query/KV heads, hd head width,
 nk/nv linear-attention key/value heads, dk/dv their widths, K target feature layers, B block size.
@@ -55,8 +58,17 @@ def linear_attention_params(t: TargetArch) -> dict[str, int]:
     return {"linear": proj, "other": other}
 
 
-def mlp_params(t: TargetArch) -> int:
-    return 3 * t.hidden_size * t.intermediate_size  # SwiGLU gate / up / down
+def mlp_params(t: TargetArch, layer: int = 0, active: bool = False) -> dict[str, int]:
+    """The MLP of decoder layer `layer`: SwiGLU gate / up / down ("linear"), or for a mixture-of-experts layer
+    every expert + the shared expert ("linear", or only the top-k experts a token runs with `active`) and the
+    router + shared-expert gate ("other": small matmuls kept in bf16 by fp8 checkpoints)."""
+    h = t.hidden_size
+    if layer not in t.moe_layers:
+        return {"linear": 3 * h * t.intermediate_size, "other": 0}
+    experts = t.num_experts_per_tok if active else t.num_experts
+    shared = 3 * h * t.shared_expert_intermediate_size
+    router = h * t.num_experts + (h if t.shared_expert_intermediate_size else 0)
+    return {"linear": experts * 3 * h * t.moe_intermediate_size + shared, "other": router}
 
 
 def vision_params(vision: dict) -> int:
@@ -75,26 +87,33 @@ def vision_params(vision: dict) -> int:
     return depth * block + patch_in * h + merged * merged + merged * out
 
 
+def layer_params(t: TargetArch, layer: int, active: bool = False) -> dict[str, int]:
+    """Decoder layer `layer`: its mixer (full attention or Gated DeltaNet) + its MLP + 2 norms. `active`: only
+    what one token runs (a mixture-of-experts layer's top-k experts; the same as all for dense layers)."""
+    mixer = attention_params(t) if t.layer_types[layer] in ATTENTION_TYPES else linear_attention_params(t)
+    mlp = mlp_params(t, layer, active)
+    linear = mixer["linear"] + mlp["linear"]
+    return {"linear": linear, "total": linear + mixer["other"] + mlp["other"] + 2 * t.hidden_size}
+
+
 def target_params(t: TargetArch) -> dict[str, int]:
-    """Counts of the target's parts. `decoder` = everything the text model loads except embed/lm_head."""
-    attn = attention_params(t)
-    lin = linear_attention_params(t)
-    per_attn = attn["linear"] + attn["other"] + mlp_params(t) + 2 * t.hidden_size
-    per_lin = lin["linear"] + lin["other"] + mlp_params(t) + 2 * t.hidden_size
-    decoder = t.n_attention * per_attn + t.n_linear * per_lin + t.hidden_size  # + final norm
+    """Counts of the target's parts. `decoder` = everything the text model loads except embed/lm_head;
+    `decoder_linear_active` = the matmul weights one token runs through (< decoder_linear for MoE targets)."""
+    layers = [layer_params(t, i) for i in range(t.num_layers)]
+    decoder = sum(x["total"] for x in layers) + t.hidden_size  # + final norm
+    per_attn = attention_params(t)["linear"] + attention_params(t)["other"] + mlp_params(t, -1)["linear"]
+    per_attn += 2 * t.hidden_size  # a dense full-attention layer (the MTP layer's shape)
     embed = t.vocab_size * t.hidden_size
     lm_head = 0 if t.tie_word_embeddings else embed
     # MTP module: fc over [embedding ; hidden] (2H -> H), one full-attention decoder layer per MTP layer, norms.
     mtp = (2 * t.hidden_size * t.hidden_size + 3 * t.hidden_size + t.mtp_layers * per_attn) if t.mtp_layers else 0
-    decoder_linear = t.n_attention * (attn["linear"] + mlp_params(t)) + t.n_linear * (lin["linear"] + mlp_params(t))
     return {
         "decoder": decoder,
-        "decoder_linear": decoder_linear,  # the matmul weights (what fp8 checkpoints quantize)
+        "decoder_linear": sum(x["linear"] for x in layers),  # the matmul weights (what fp8 checkpoints quantize)
+        "decoder_linear_active": sum(layer_params(t, i, active=True)["linear"] for i in range(t.num_layers)),
         "embed_tokens": embed,
         "lm_head": lm_head,
         "text_total": decoder + embed + lm_head,
-        "per_attention_layer": per_attn,
-        "per_linear_layer": per_lin,
         "mtp_skipped": mtp,
         "vision_skipped": vision_params(t.vision),
     }
@@ -122,16 +141,14 @@ def decode_flops_per_token(t: TargetArch, context: float) -> float:
     attn_ctx = sum(_kept(t, kind, context) for kind in t.layer_types if kind in ATTENTION_TYPES)
     attn = 4.0 * attn_ctx * t.num_heads * t.head_dim  # QK^T and AV
     gdn = t.n_linear * t.lin_value_heads * 6.0 * t.lin_key_dim * t.lin_value_dim  # state read, decay+update, output
-    return 2.0 * (p["decoder_linear"] + head) + attn + gdn
+    return 2.0 * (p["decoder_linear_active"] + head) + attn + gdn
 
 
 def prefill_flops(t: TargetArch, tokens: float, layers: int | None = None, with_head: bool = True) -> float:
     """Forward FLOPs of a causal pass over `tokens` tokens through the first `layers` decoder layers."""
     p = target_params(t)
     kinds = t.layer_types[: layers if layers is not None else t.num_layers]
-    attn = attention_params(t)["linear"] + mlp_params(t)
-    lin = linear_attention_params(t)["linear"] + mlp_params(t)
-    matmul = sum(attn if k in ATTENTION_TYPES else lin for k in kinds)
+    matmul = sum(layer_params(t, i, active=True)["linear"] for i in range(len(kinds)))
     flops = 2.0 * tokens * matmul
     for kind in kinds:
         if kind in ATTENTION_TYPES:
