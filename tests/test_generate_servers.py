@@ -121,11 +121,13 @@ def test_backoff_grows_and_is_capped():
 
 class FakeServer:
     """An OpenAI-style server on 127.0.0.1: /health, /v1/models, /v1/completions with a fixed completion.
-    `failures`: behaviours of the next completion requests, in order ("500": HTTP 500; "reset": TCP reset)."""
+    `failures`: behaviours of the next completion requests, in order ("500": HTTP 500; "reset": TCP reset);
+    `sick`: /health answers 503 and every completion HTTP 500; `delay_s`: seconds before each completion."""
 
     def __init__(self, completion: list[int], model: str = "m", max_model_len: int = 1024):
         self.completion, self.model, self.max_model_len = completion, model, max_model_len
         self.failures: list[str] = []  # queued behaviours for the next requests: "500" | "reset"
+        self.sick, self.delay_s = False, 0.0
         self.seen: list[list[int]] = []  # prompts answered
         self.lock = threading.Lock()
         fake = self
@@ -144,7 +146,7 @@ class FakeServer:
 
             def do_GET(self):
                 if self.path == "/health":
-                    self._json(200, {})
+                    self._json(503 if fake.sick else 200, {})
                 elif self.path == "/v1/models":
                     self._json(200, {"data": [{"id": fake.model, "max_model_len": fake.max_model_len}]})
                 else:
@@ -154,6 +156,8 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
                     how = fake.failures.pop(0) if fake.failures else ""
+                how = "500" if fake.sick else how
+                time.sleep(fake.delay_s)
                 if how == "reset":
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     self.connection.close()
@@ -251,6 +255,18 @@ def test_a_dead_server_is_marked_down_and_its_requests_move(fake_run, qwen_token
     assert not result.failed_units and len(rows) == 8  # refused requests do not count as attempts
     assert result.per_engine[0].prompts == 0 and result.per_engine[1].prompts == 8
     alive.stop()
+
+
+def test_a_down_server_that_answers_again_is_used_again(fake_run, qwen_tokenizer, monkeypatch):
+    monkeypatch.setattr(client, "REPROBE_S", 0.05)
+    sick, slow = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
+    sick.sick, slow.delay_s = True, 0.5  # sick: marked down at its first request; slow keeps the run going (>2 s)
+    threading.Timer(0.2, lambda: setattr(sick, "sick", False)).start()
+    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0")
+    assert not result.failed_units and len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
+    assert result.per_engine[0].prompts >= 1  # every completion it answered came after it was marked down
+    sick.stop()
+    slow.stop()
 
 
 def test_all_servers_down_stops_naming_the_urls_and_keeps_committed_units(fake_run, qwen_tokenizer, tmp_path):

@@ -11,7 +11,9 @@ commits unit shards; this module only moves requests:
   requests move to the others (not counted against the request). Server healthy -> the request's
   attempts + 1, retried after a backoff of min(30, 0.5 x 2^attempts) s on any healthy server; past
   `generate.max_unit_retries` its unit is recorded as failed (nothing of it committed).
-- All servers down -> UserError naming every URL and why; committed units stay (each was written
+- A server marked down is probed again every REPROBE_S s (/health, then the model identity check); healthy
+  and the same model -> back in use (a restarted or preempted node rejoins the run).
+- All servers down at once -> UserError naming every URL and why; committed units stay (each was written
   atomically when it finished), so a rerun resumes.
 """
 
@@ -35,6 +37,7 @@ from dflash.generate.turns import Request, TurnBook
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
+REPROBE_S = 30.0  # seconds between probes of a server marked down
 
 
 def backoff_s(attempts: int) -> float:
@@ -50,6 +53,8 @@ class Server:
     pool: ThreadPoolExecutor
     inflight: int = 0
     down: str = ""  # why it was marked down ("" = healthy)
+    down_since: float = 0.0  # when it was marked down or last probed
+    probe: Future | None = None  # a probe of a down server in flight
     stats: EngineStats = field(default_factory=EngineStats)
 
 
@@ -119,9 +124,39 @@ class ServersDispatcher:
 
     def mark_down(self, server: Server, why: str) -> None:
         if not server.down:
-            server.down = why
-            log.warning("server %s marked down: %s", server.url, why)
+            server.down, server.down_since = why, time.time()
+            log.warning("server %s marked down: %s (probed again every %.0f s)", server.url, why, REPROBE_S)
             self.engine_bars[server.index].set_description_str(f"  {server.url} DOWN")
+
+    def _back_up(self, url: str) -> str | None:
+        """In a pool thread: the engine version of the down server at `url` if it answers /health and still
+        serves the expected model (it may have restarted on another vLLM), else None."""
+        if not healthy(url):
+            return None
+        try:
+            return check_servers([url], self.model, self.g)[url]
+        except UserError as exc:
+            log.warning("server %s answers again but is refused: %s", url, exc)
+            return None
+
+    def reprobe(self) -> None:
+        """Start a probe of each down server due one; a server whose probe succeeded is back in use."""
+        now = time.time()
+        for s in self.servers:
+            if not s.down:
+                continue
+            if s.probe is None:
+                if now - s.down_since >= REPROBE_S:
+                    s.probe = s.pool.submit(self._back_up, s.url)
+                continue
+            if not s.probe.done():
+                continue
+            version = s.probe.result() if s.probe.exception() is None else None
+            s.probe, s.down_since = None, time.time()
+            if version is not None:
+                log.warning("server %s is back (was down: %s)", s.url, s.down)
+                s.down, s.version = "", version
+                self.engine_bars[s.index].set_description_str(f"  {s.url}")
 
     def fail_unit(self, req: Request, why: str) -> None:
         unit = self.book.units[req.unit]["unit"]
@@ -177,6 +212,7 @@ class ServersDispatcher:
                         + "; ".join(f"{s.url}: {s.down}" for s in self.servers)
                         + "). Units committed so far are kept; restart the servers and re-run to finish."
                     )
+                self.reprobe()
                 self.open_units()
                 self.send()
                 if not (self.inflight or self.ready or self.delayed or self.units or self.book.units):
@@ -184,6 +220,10 @@ class ServersDispatcher:
                 timeout = 1.0
                 if self.delayed:
                     timeout = max(0.01, min(timeout, min(t for t, _ in self.delayed) - time.time()))
+                for s in self.servers:  # wake for a probe that is due or has been answered
+                    if s.down:
+                        due = 0.05 if s.probe is not None else s.down_since + REPROBE_S - time.time()
+                        timeout = max(0.01, min(timeout, due))
                 if self.inflight:
                     done, _ = wait_futures(list(self.inflight), timeout=timeout, return_when=FIRST_COMPLETED)
                     for fut in done:
