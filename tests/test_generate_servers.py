@@ -11,6 +11,8 @@ Every address used here is 127.0.0.1.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -24,7 +26,7 @@ from conftest import REPO, generate_cmd, write_conversations
 from dflash.core import concurrency
 from dflash.core.chat import template_kwargs
 from dflash.core.errors import ParamsError, UserError
-from dflash.core.io import list_shards, read_arrow, read_json, write_json
+from dflash.core.io import file_sha256, list_shards, read_arrow, read_json, write_json
 from dflash.core.loader import load_params
 from dflash.core.processes import kill_tree
 from dflash.core.validate import check_generate
@@ -387,6 +389,70 @@ def test_a_server_of_another_model_or_context_is_refused(tmp_path, tiny_target, 
     assert proc.returncode == 1 and f"{url} serves ['tiny-under-test'], not the expected model" in err
 
 
+def _wait_for_a_unit(ws: Path, proc, timeout_s: float = 300) -> list[Path]:
+    """Block until the stage at `ws` has committed a unit; its committed shards (the run must still go on)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        runs = list((ws / "generate").glob("run-*"))
+        if runs and list_shards(runs[0], "unit-*.arrow"):
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run finished before it could be killed: make the workload larger"
+    return list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")
+
+
+def _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, committed: dict[str, str]) -> None:
+    """Rerun over the module's servers: committed shards unchanged, every prompt exactly once, ids as engines."""
+    rows = _stage(
+        ws, tiny_target, "generate.backend=servers", _urls(two_servers), "generate.server_model=tiny-under-test"
+    )
+    run_dir = Path(read_json(ws / "reports" / "generate_details.json")["run_dir"])
+    assert read_json(ws / "reports" / "generate_details.json")["units_reused"] >= len(committed) >= 1
+    for name, sha in committed.items():
+        assert file_sha256(run_dir / name) == sha, f"{name} changed after the rerun"
+    assert not list(run_dir.glob(".*.tmp")), "half-written shards left behind"
+    ids = [r["sample_id"] for s in list_shards(run_dir, "unit-*.arrow") for r in read_arrow(s).to_pylist()]
+    assert len(ids) == len(set(ids)) and set(ids) == set(engines_rows)
+    assert all(r["completion_ids"] == engines_rows[sid]["completion_ids"] for sid, r in rows.items())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sigkill_of_the_client_then_a_rerun_loses_and_duplicates_nothing(
+    tmp_path, tiny_target, audit_dir, two_servers, engines_rows
+):
+    ws = _ws(tmp_path, "ws", audit_dir)
+    args = ("generate.backend=servers", _urls(two_servers), "generate.server_model=tiny-under-test")
+    proc = _stage(ws, tiny_target, *args, wait=False)
+    _wait_for_a_unit(ws, proc)
+    os.kill(proc.pid, signal.SIGKILL)  # the client only: requests in flight on the servers are abandoned
+    proc.wait(timeout=30)
+    committed = {s.name: file_sha256(s) for s in list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")}
+    _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, committed)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sigkill_of_a_stage_that_started_its_servers_takes_them_down(
+    tmp_path, tiny_target, audit_dir, two_servers, engines_rows
+):
+    """generate.server_urls empty: the stage starts a local api_server; SIGKILL of the stage alone (no cleanup
+    code runs) still stops that server and its engine core (PR_SET_PDEATHSIG); a rerun then finishes."""
+    import psutil
+
+    ws = _ws(tmp_path, "ws", audit_dir)
+    proc = _stage(ws, tiny_target, "generate.backend=servers", "generate.num_engines=1", wait=False)
+    _wait_for_a_unit(ws, proc, timeout_s=400)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert any("api_server" in " ".join(c.cmdline()) for c in children), [c.cmdline()[:4] for c in children]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(children, timeout=90)
+    assert not alive, f"left running after the stage was killed: {[(p.pid, p.name()) for p in alive]}"
+    committed = {s.name: file_sha256(s) for s in list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")}
+    _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, committed)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_killing_one_of_two_servers_mid_run_loses_and_duplicates_nothing(
@@ -396,13 +462,7 @@ def test_killing_one_of_two_servers_mid_run_loses_and_duplicates_nothing(
     ws = _ws(tmp_path, "ws", audit_dir)
     args = ("generate.backend=servers", _urls(two_servers), "generate.server_model=tiny-under-test")
     proc = _stage(ws, tiny_target, *args, wait=False)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        runs = list((ws / "generate").glob("run-*"))
-        if runs and list_shards(runs[0], "unit-*.arrow"):
-            break
-        time.sleep(0.1)
-    assert proc.poll() is None, "the run finished before a server could be killed: make the workload larger"
+    _wait_for_a_unit(ws, proc)
     kill_tree(two_servers[1]["proc"].pid)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]

@@ -3,7 +3,8 @@ server serves the expected model, and send one completion request (token ids in,
 
     local_servers(g, model, ...)     context manager: `g.num_engines` vLLM api_server processes on 127.0.0.1
                                      (free ports, one per device group), healthy on entry, killed on exit
-                                     (also on an error or Ctrl-C); yields their base URLs
+                                     (also on an error or Ctrl-C; on Linux a SIGKILL of the stage sends them
+                                     SIGTERM: no orphaned server); yields their base URLs
     check_servers(urls, model, g)    GET {url}/models lists `model` (and max_model_len >= generate.max_model_len
                                      where exposed), else a UserError naming the URL and both values
     complete(url, req, g, model)     POST {url}/completions; a ServerError says whether the server is down
@@ -20,6 +21,7 @@ import http.client
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +35,7 @@ from typing import Any
 
 from dflash.core.errors import UserError
 from dflash.core.params import GenerateParams
-from dflash.core.processes import kill_tree
+from dflash.core.processes import kill_tree, local_only_vllm
 from dflash.generate.engines import device_groups
 from dflash.generate.turns import Request
 
@@ -188,6 +190,18 @@ def server_command(g: GenerateParams, model: str, served_name: str, port: int, *
     return cmd
 
 
+def _die_with_parent() -> None:
+    """In a local server's child before exec (Linux): SIGTERM when the stage that started it dies, even by
+    SIGKILL (prctl PR_SET_PDEATHSIG), so the server shuts its engine down instead of running on orphaned.
+    Elsewhere a no-op (the exit / error path still kills the tree)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
 def _tail(path: Path, n: int = 3000) -> str:
     with contextlib.suppress(OSError):
         return path.read_text(encoding="utf-8", errors="replace")[-n:]
@@ -208,6 +222,7 @@ def local_servers(
         for i in range(count):
             port = free_port()
             env = dict(os.environ)
+            local_only_vllm(env)
             if devices[i] is not None:
                 env["CUDA_VISIBLE_DEVICES"] = devices[i]
             logf = logdir / f"server-{i}.log"
@@ -217,6 +232,7 @@ def local_servers(
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl, no locks or threads touched)
                 )
             servers.append({"url": f"http://127.0.0.1:{port}/v1", "proc": proc, "log": logf, "t0": time.time()})
             log.info("local server %d: %s (log %s)", i, servers[-1]["url"], logf)
