@@ -19,6 +19,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # vLLM's own processes talk over loopback, nothing else
 
 
 def _has_cuda() -> bool:

