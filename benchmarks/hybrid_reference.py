@@ -3,6 +3,7 @@ snapshot-restored and the verified tokens re-fed after each rejection) vs recomp
 through the target every cycle). Same prompts, drafter and output budget; reports wall time per mode, tau,
 the re-fed tokens and whether both modes give the same tokens and counts.
 
+Every prompt stops at the eval stage's stop ids (the tokenizer's and generation config's eos), as vLLM does.
 Reads a finished pipeline folder (default: `make demo-hybrid`'s build/demo-hybrid/): its target, exported
 drafter and held-out prompts, with the params it ran with.
 
@@ -31,11 +32,11 @@ def main() -> None:
 
     import torch
 
-    from dflash.core.hf import load_target_model
+    from dflash.core.hf import load_target_model, load_tokenizer
     from dflash.core.loader import load_params
     from dflash.drafter.export import load_drafter
     from dflash.eval.reference import _Target, reference_decode, summarize
-    from dflash.eval.stage import load_prompts
+    from dflash.eval.stage import load_prompts, stop_token_ids
 
     folder = Path(args.dir).resolve()
     params = load_params(folder / "params.yaml")
@@ -44,6 +45,8 @@ def main() -> None:
     drafter, cfg = load_drafter(str(folder / params.train.out / "drafter"), target_config=target.config, dtype=dtype)
     drafter.eval()
     prompts = [p["prompt_ids"] for p in load_prompts(folder / params.tokenize.out / "eval", args.prompts)]
+    target_dir = str(folder / params.base.target_dir)
+    stops = stop_token_ids(target_dir, load_tokenizer(target_dir))  # where vLLM and the eval stage stop
     targets: list = []  # every _Target of a mode: their refed_tokens are the restore's extra work
     original = _Target.commit
 
@@ -57,7 +60,7 @@ def main() -> None:
         targets.clear()
         _Target.commit = counting
         t0 = time.perf_counter()
-        results = [reference_decode(target, drafter, p, params.eval.max_tokens, mode=mode) for p in prompts]
+        results = [reference_decode(target, drafter, p, params.eval.max_tokens, stops, mode=mode) for p in prompts]
         wall = time.perf_counter() - t0
         _Target.commit = original
         s = summarize(results, cfg.block_size)
