@@ -1,13 +1,16 @@
 """Benchmark: the generate stage's two backends vs a bare `vllm.LLM.generate`, and the pilot sweep.
 
 Printed side by side, in one run, over the same prompts, engine settings and concurrency (max_num_seqs):
-  bare LLM.generate      one call over the token-id prompts with the same SamplingParams
+  bare LLM.generate      one call over the token-id prompts with the same SamplingParams (the stage's engine
+                         placement), and again with vLLM's engine core in its own process (a server's placement:
+                         what the servers backend can reach at best on this host)
   engines backend        the stage's `output_tokens_per_s` (first engine ready -> last unit committed:
                          dispatcher, rendering, reasoning split and atomic shard writes included)
   servers backend        the same, the stage driving one local vLLM api_server over HTTP (server start excluded)
   pilot sweep            `--pilot` with generate.pilot_sweep = --sweep: each level's measured tok/s, the best
                          level and the knee (chosen_max_num_seqs) vs the default level (--max-num-seqs)
-Every side excludes engine / server start-up. Goal: both backends >= 0.9x bare.
+Every side excludes engine / server start-up. Goal: both backends >= 0.9x bare. For each backend the CPU seconds
+of its process tree by role (the stage = client, api_server frontend, engine core) say where the cycles go.
 
 Inputs: a target folder (default: the demo's artifacts/target, built by `dvc repro target`).
 Outputs: prints the figures; writes nothing outside a temp folder.
@@ -50,7 +53,7 @@ def _write(path: Path, convs: list[list[dict]]) -> None:
     write_arrow(path, pa.Table.from_pylist(rows))
 
 
-def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
+def _bare(target: str, prompts: list[list[int]], params, queue, own_process: bool) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -58,7 +61,7 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     from dflash.generate.engines import engine_kwargs
 
     g = params.generate
-    place_engine_core(g.engine_core_process)  # the same engine placement as the stage's workers
+    place_engine_core(own_process)  # False: the stage's workers' placement; True: a server's (core in its own process)
     llm = LLM(**engine_kwargs(g, target, "", params.base.seed, False))
     s = g.sampling
     sp = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
@@ -70,6 +73,56 @@ def _bare(target: str, prompts: list[list[int]], params, queue) -> None:
     from dflash.core.processes import shutdown_engine
 
     shutdown_engine(llm.llm_engine, queue, 0)  # stops vLLM's engine-core processes too
+
+
+class _CpuByRole:
+    """CPU seconds (user + system) of a process tree by role, sampled every 0.5 s from a thread while it runs:
+    where a backend's cycles go (the stage's own process = the client / dispatcher; an api_server's frontend;
+    vLLM's engine core and its workers)."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        self.pid, self.seen = pid, {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _role(self, p) -> str:
+        if p.pid == self.pid:
+            return "stage (client)"
+        line = " ".join(p.cmdline())
+        if "api_server" in line:
+            return "api_server frontend"
+        return "engine core / workers" if "multiprocessing" in line or p.name().startswith("VLLM") else p.name()
+
+    def _loop(self) -> None:
+        import psutil
+
+        while not self.done.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            for p in procs:
+                try:
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        self.seen[p.pid] = (self._role(p), t.user + t.system)
+                except psutil.Error:
+                    continue
+            self.done.wait(0.5)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def summary(self) -> str:
+        by: dict[str, float] = {}
+        for role, sec in self.seen.values():
+            by[role] = by.get(role, 0.0) + sec
+        return ", ".join(f"{r} {s:.1f}" for r, s in sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
@@ -101,13 +154,19 @@ def main() -> None:
     prompts = [render_ids(tok, c, True, kw) for c in convs]
 
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_bare, args=(args.target, prompts, params, q))
-    p.start()
-    bare_tokens, bare_s = q.get()
-    p.join(timeout=60)
+    bare_runs = {}
+    for own in (params.generate.engine_core_process, True):
+        if own in bare_runs:
+            continue
+        q = ctx.Queue()
+        p = ctx.Process(target=_bare, args=(args.target, prompts, params, q, own))
+        p.start()
+        bare_runs[own] = q.get()
+        p.join(timeout=60)
+    bare_tokens, bare_s = bare_runs[params.generate.engine_core_process]
 
     levels = [int(x) for x in args.sweep.split(",") if x.strip()]
+    cpu: dict[str, _CpuByRole] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         (ws / "audit").mkdir()
@@ -124,7 +183,11 @@ def main() -> None:
             ]
             for o in run_overrides:
                 cmd += ["-S", o]
-            subprocess.run([*cmd, *extra], cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen([*cmd, *extra], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cpu[name] = _CpuByRole(proc.pid)
+            if proc.wait() != 0:
+                raise SystemExit(f"benchmark: the {name} run of the generate stage failed (exit {proc.returncode})")
+            cpu[name].stop()
             report = "pilot_details.json" if "--pilot" in extra else "generate_details.json"
             return json.loads((ws / f"{name}-reports" / report).read_text())
 
@@ -146,12 +209,19 @@ def main() -> None:
         f"prompts {args.prompts}, max_tokens {args.max_tokens}, unit_size {args.unit_size}, max_num_seqs {args.max_num_seqs}"
     )
     print(f"bare LLM.generate : {bare_tokens} output tokens in {bare_s:.2f} s = {bare:.1f} tok/s")
+    if True in bare_runs and params.generate.engine_core_process is False:
+        t, sec = bare_runs[True]
+        print(
+            f"  same, engine core in its own process (a server's placement): {t / sec:.1f} tok/s = "
+            f"{t / sec / bare:.3f}x bare"
+        )
     for name, m in (("engines backend", eng), ("servers backend", srv)):
         rate = m["output_tokens_per_s"]
         print(
             f"{name:<18}: {m['output_tokens']} output tokens in {m['generation_wall_s']:.2f} s = {rate:.1f} tok/s"
             f" = {rate / bare:.3f}x bare (goal >= 0.9)"
         )
+        print(f"  CPU seconds by process over the run: {cpu[name.split()[0]].summary()}")
     if sweep:
         rows = sweep["sweep"]
         for r in rows:
