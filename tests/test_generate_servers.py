@@ -401,6 +401,11 @@ def _wait_for_a_unit(ws: Path, proc, timeout_s: float = 300) -> list[Path]:
     return list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")
 
 
+def _committed(ws: Path) -> dict[str, str]:
+    """sha256 of each unit shard the stage at `ws` has committed so far."""
+    return {s.name: file_sha256(s) for s in list_shards(next((ws / "generate").glob("run-*")), "unit-*.arrow")}
+
+
 def _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, committed: dict[str, str]) -> None:
     """Rerun over the module's servers: committed shards unchanged, every prompt exactly once, ids as engines."""
     rows = _stage(
@@ -427,8 +432,7 @@ def test_sigkill_of_the_client_then_a_rerun_loses_and_duplicates_nothing(
     _wait_for_a_unit(ws, proc)
     os.kill(proc.pid, signal.SIGKILL)  # the client only: requests in flight on the servers are abandoned
     proc.wait(timeout=30)
-    committed = {s.name: file_sha256(s) for s in list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")}
-    _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, committed)
+    _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, _committed(ws))
 
 
 @pytest.mark.slow
@@ -449,8 +453,7 @@ def test_sigkill_of_a_stage_that_started_its_servers_takes_them_down(
     proc.wait(timeout=30)
     _, alive = psutil.wait_procs(children, timeout=90)
     assert not alive, f"left running after the stage was killed: {[(p.pid, p.name()) for p in alive]}"
-    committed = {s.name: file_sha256(s) for s in list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")}
-    _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, committed)
+    _rerun_finishes_once_each(ws, tiny_target, two_servers, engines_rows, _committed(ws))
 
 
 @pytest.mark.slow
