@@ -101,8 +101,8 @@ def target_params(t: TargetArch) -> dict[str, int]:
     `decoder_linear_active` = the matmul weights one token runs through (< decoder_linear for MoE targets)."""
     layers = [layer_params(t, i) for i in range(t.num_layers)]
     decoder = sum(x["total"] for x in layers) + t.hidden_size  # + final norm
-    per_attn = attention_params(t)["linear"] + attention_params(t)["other"] + mlp_params(t, -1)["linear"]
-    per_attn += 2 * t.hidden_size  # a dense full-attention layer (the MTP layer's shape)
+    attn = attention_params(t)  # an MTP layer: full attention + a dense SwiGLU MLP + 2 norms
+    per_attn = attn["linear"] + attn["other"] + 3 * t.hidden_size * t.intermediate_size + 2 * t.hidden_size
     embed = t.vocab_size * t.hidden_size
     lm_head = 0 if t.tie_word_embeddings else embed
     # MTP module: fc over [embedding ; hidden] (2H -> H), one full-attention decoder layer per MTP layer, norms.
