@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--unit-size", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="the concurrency of every side (default level)")
     parser.add_argument("--sweep", default="4,16,64", help="pilot sweep levels, comma-separated ('' = no sweep)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.1)
+    parser.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="KV cache per engine (GB)")
     args = parser.parse_args()
 
     from dflash.core.chat import render_ids, template_kwargs
@@ -145,7 +145,7 @@ def main() -> None:
         f"generate.sampling.max_tokens={args.max_tokens}",
         f"generate.unit_size={args.unit_size}",
         f"generate.max_num_seqs={args.max_num_seqs}",
-        f"generate.gpu_memory_utilization={args.gpu_memory_utilization}",
+        f"generate.kv_cache_memory_gb={args.kv_cache_memory_gb}",
     ]
     params = load_params(REPO / "params.yaml", overrides)
     convs = _conversations(args.prompts, params.base.seed)

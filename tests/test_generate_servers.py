@@ -303,7 +303,7 @@ def test_request_body_carries_the_engines_sampling():
 
 # ------------------------------------------------------------------------------------------ real servers
 
-SERVER_OVERRIDES = ("generate.gpu_memory_utilization=0.05", "generate.sampling.max_tokens=64", "generate.unit_size=4")
+SERVER_OVERRIDES = ("generate.sampling.max_tokens=64", "generate.unit_size=4")  # KV cache: params.yaml's explicit size
 NUM_CONVS = 40
 
 
@@ -343,11 +343,8 @@ def two_servers(tiny_target):
 
 @pytest.fixture(scope="module")
 def engines_rows(tmp_path_factory, tiny_target, audit_dir):
-    # An engine inside the worker process counts the worker's own ~1.6 GB against its share: 0.05 leaves no KV
-    # cache there (servers run their engine core in a process of its own). The cache size does not change
-    # greedy outputs.
     ws = _ws(tmp_path_factory.mktemp("eng"), "ws", audit_dir)
-    return _stage(ws, tiny_target, "generate.gpu_memory_utilization=0.1")
+    return _stage(ws, tiny_target)
 
 
 def _urls(started) -> str:

@@ -32,7 +32,6 @@ SMALL = [
     "target.tiny.linear_num_value_heads=1",
     "generate.unit_size=8",
     "generate.max_model_len=512",
-    "generate.gpu_memory_utilization=0.05",
     "generate.sampling.max_tokens=16",
     "tokenize.drop_truncated=false",  # a random target rambles until the budget (as tests/test_repro.py)
     "tokenize.drop_missing_think_end=false",
@@ -46,7 +45,6 @@ SMALL = [
     "eval.num_prompts=3",
     "eval.max_tokens=16",
     "eval.max_model_len=512",
-    "eval.gpu_memory_utilization=0.05",
 ]
 STAGES = [("target", []), ("audit", []), ("generate", []), ("tokenize", []), ("train", []), ("eval", [])]
 

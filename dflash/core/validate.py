@@ -92,6 +92,7 @@ ENGINE = {
     "max_num_seqs": at_least(1),
     "max_num_batched_tokens": at_least(1),
     "gpu_memory_utilization": SHARE,
+    "kv_cache_memory_gb": at_least(0),  # 0 = the gpu_memory_utilization share
 }
 GENERATE = {
     "num_engines": at_least(1),

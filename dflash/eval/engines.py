@@ -23,7 +23,7 @@ import traceback
 from typing import Any
 
 from dflash.core.errors import UserError
-from dflash.core.params import EvalParams
+from dflash.core.params import EvalParams, kv_cache_bytes
 from dflash.core.processes import kill_tree, place_engine_core, shutdown_engine
 
 WARMUP_TOKENS = 8
@@ -62,6 +62,7 @@ def engine_kwargs(e: EvalParams, info: dict, seed: int, trust_remote_code: bool,
         "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "gpu_memory_utilization": e.gpu_memory_utilization,
+        "kv_cache_memory_bytes": kv_cache_bytes(e.kv_cache_memory_gb),
         "enforce_eager": e.enforce_eager,
         "enable_prefix_caching": False,  # the warm-up must not make the timed prompts cheaper
         "seed": seed,

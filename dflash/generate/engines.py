@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from dflash.core.errors import UserError
-from dflash.core.params import GenerateParams
+from dflash.core.params import GenerateParams, kv_cache_bytes
 
 
 def engine_kwargs(g: GenerateParams, model: str, revision: str, seed: int, trust_remote_code: bool) -> dict:
@@ -20,6 +20,7 @@ def engine_kwargs(g: GenerateParams, model: str, revision: str, seed: int, trust
         "max_num_seqs": g.max_num_seqs,
         "max_num_batched_tokens": g.max_num_batched_tokens,
         "gpu_memory_utilization": g.gpu_memory_utilization,
+        "kv_cache_memory_bytes": kv_cache_bytes(g.kv_cache_memory_gb),
         "enable_prefix_caching": g.enable_prefix_caching,
         "enforce_eager": g.enforce_eager,
         "seed": seed,

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.core.errors import UserError
-from dflash.core.params import GenerateParams
+from dflash.core.params import GenerateParams, kv_cache_bytes
 from dflash.core.processes import kill_tree, local_only_vllm
 from dflash.generate.engines import device_groups
 from dflash.generate.turns import Request
@@ -177,6 +177,9 @@ def server_command(g: GenerateParams, model: str, served_name: str, port: int, *
     cmd += ["--max-num-seqs", str(kw.get("max_num_seqs") or g.max_num_seqs)]
     cmd += ["--max-num-batched-tokens", str(g.max_num_batched_tokens)]
     cmd += ["--gpu-memory-utilization", str(g.gpu_memory_utilization)]
+    kv_bytes = kv_cache_bytes(g.kv_cache_memory_gb)
+    if kv_bytes:
+        cmd += ["--kv-cache-memory-bytes", str(kv_bytes)]
     cmd += ["--tensor-parallel-size", str(g.tensor_parallel_size), "--seed", str(kw.get("seed", 0))]
     cmd += ["--enable-prefix-caching" if g.enable_prefix_caching else "--no-enable-prefix-caching"]
     if g.enforce_eager:

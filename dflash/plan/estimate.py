@@ -162,6 +162,7 @@ def generation_settings(params: Any) -> SimpleNamespace:
     return SimpleNamespace(
         tensor_parallel_size=gen.tensor_parallel_size,
         gpu_memory_utilization=gen.gpu_memory_utilization,
+        kv_cache_memory_gb=gen.kv_cache_memory_gb,
         max_num_seqs=planned_max_num_seqs(params)[0],
         max_model_len=gen.max_model_len,
         **{f.name: getattr(eff, f.name) for f in dataclasses.fields(eff)},
@@ -175,8 +176,13 @@ def assumptions(params: Any, t: TargetArch, hw: GpuProfile) -> list[str]:
         f"Generation: one vLLM engine per {g.tensor_parallel_size} GPU(s). A decode step takes max(bytes read / "
         f"(bandwidth x {g.bandwidth_efficiency}), FLOPs / (dense BF16 peak x {g.decode_mfu})); bytes = weights (minus "
         "the embedding table, of which only b rows are read) + each sequence's KV cache + its GDN state read and written.",
-        f"Batch = min(max_num_seqs {g.max_num_seqs}, sequences that fit in memory x {g.gpu_memory_utilization} minus "
-        f"weights minus a {g.activation_reserve_gb} GB reserve). Mean resident context = prompt + mean output x "
+        f"Batch = min(max_num_seqs {g.max_num_seqs}, sequences that fit in "
+        + (
+            f"the {g.kv_cache_memory_gb} GB KV cache of generate.kv_cache_memory_gb). "
+            if g.kv_cache_memory_gb > 0
+            else f"memory x {g.gpu_memory_utilization} minus weights minus a {g.activation_reserve_gb} GB reserve). "
+        )
+        + "Mean resident context = prompt + mean output x "
         f"(1 + cv^2) / 2 with cv = {g.output_length_cv}: in continuous batching long outputs stay resident longer.",
         f"KV cache {g.kv_cache_dtype}; GDN recurrent state {g.ssm_state_dtype} (value heads x key dim x value dim per "
         "linear layer) plus its causal-conv window (kernel - 1 rows, bf16); both constant per sequence.",

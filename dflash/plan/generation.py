@@ -66,7 +66,12 @@ def generation_capacity(t, hw, gp, weight_dtype, context):
     """Per-engine memory budget: weights, reserve, cache headroom and the sequences that fit."""
     tp = gp.tensor_parallel_size
     w = sizing.target_weight_bytes(t, weight_dtype)
-    free = headroom_bytes(hw.memory_gb * GB, w["loaded"] / tp, gp.gpu_memory_utilization, gp.activation_reserve_gb * GB)
+    if gp.kv_cache_memory_gb > 0:  # an explicit KV cache size, as vLLM is given it (per GPU)
+        free = gp.kv_cache_memory_gb * GB
+    else:
+        free = headroom_bytes(
+            hw.memory_gb * GB, w["loaded"] / tp, gp.gpu_memory_utilization, gp.activation_reserve_gb * GB
+        )
     per_seq = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context + sizing.linear_state_bytes(
         t, gp.ssm_state_dtype
     )
