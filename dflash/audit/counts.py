@@ -8,7 +8,7 @@ counts, each piece counted once and cached (words repeat, long prompts are mostl
 because such a position is always a pre-token boundary: a match of QWEN_PATTERN that holds a letter ends
 in a letter run (or a contraction) and stops at the first non-letter; a digit is a pre-token of its own;
 NFC cannot compose or reorder across it (the next character is a starter that composes with nothing);
-and no added token may span a cut point or strip spaces (checked, else texts are tokenized whole). tests/test_audit_tokens.py checks the sums
+and no added token may span a cut point or strip spaces (checked, else texts are tokenized whole). tests/unit/audit/test_tokens.py checks the sums
 against whole-text encodes on random text.
 """
 

@@ -49,7 +49,7 @@ def render_ids(
 # render the target's own chat template with jinja2 in the same environment transformers uses
 # (trim_blocks, lstrip_blocks, loop controls, a `tojson` that keeps non-ASCII, `raise_exception`,
 # `strftime_now`, a pass-through `{% generation %}` block) and count tokens with the `tokenizers`
-# library. tests/test_chat.py checks text and ids against `apply_chat_template` exactly.
+# library. tests/unit/core/test_chat.py checks text and ids against `apply_chat_template` exactly.
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")

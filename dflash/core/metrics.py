@@ -16,7 +16,7 @@ from typing import Any
 
 from dflash.core.io import write_json
 
-MAX_SHOWN = 25  # what "headline" means here (eval: 15 + 3 per prompt set); tests/test_repro.py checks every stage's metrics file against it
+MAX_SHOWN = 25  # what "headline" means here (eval: 15 + 3 per prompt set); tests/integration/test_repro.py checks every stage's metrics file against it
 
 
 def headline(metrics: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Every knob of the pipeline lives in `params.yaml`; this module is its schema and `dflash.core.loader` reads
 the file into it strictly (unknown, missing or wrongly typed keys are errors naming the file and the key
 path). Each field is documented once here, in the same words as its comment in `params.yaml`
-(tests/test_config.py keeps the two in sync). Required fields have no defaults: params.yaml must say them.
+(tests/unit/core/test_config.py keeps the two in sync). Required fields have no defaults: params.yaml must say them.
 
 Imports nothing of ours, so that everything may import it.
 """

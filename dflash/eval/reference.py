@@ -23,7 +23,7 @@ recurrent state, so a crop would keep the rejected drafts inside it. Cache mode 
 linear-attention layer's conv and recurrent state before a verify pass and, when drafts were rejected,
 restores the snapshot, crops the attention layers' K/V back to the committed length and re-feeds the a+1
 verified tokens (the decoder only, no lm_head): the state then holds exactly the committed tokens.
-tests/test_hybrid_reference.py shows crop-only diverges from recompute and restore equals it.
+tests/unit/eval/test_hybrid_reference.py and tests/integration/test_hybrid_reference.py shows crop-only diverges from recompute and restore equals it.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def load_target(path: Path) -> TargetArch:
 class TokenizerFacts:
     """What `dflash.drafter.geometry.check_mask_token` asks of a tokenizer (its length, added tokens, named special
     ids, chat template), read from `tokenizer.json` + `tokenizer_config.json` with the `tokenizers` library: the
-    same verdict train reaches with transformers' tokenizer (tests/test_validate.py compares the two)."""
+    same verdict train reaches with transformers' tokenizer (tests/unit/core/test_validate.py compares the two)."""
 
     def __init__(self, folder: Path):
         from tokenizers import Tokenizer

@@ -6,7 +6,7 @@ process), params `train` (devices, gpus_per_process, batch_size, grad_accum_step
 Outputs: a `Dist` (rank, local_rank, world, local_world, nodes, node_rank, host, is_main), devices, the
 gradient-accumulation count, and collective helpers (barrier, all_reduce, agree, broadcast_str, check_shared).
 
-Which rank means what (the rule the multi-node code follows, tests/test_train_multinode.py checks it):
+Which rank means what (the rule the multi-node code follows, tests/integration/test_train_multinode.py checks it):
   LOCAL_RANK  -> device indices only: process l of a node owns GPUs l*gpus_per_process ... (per node)
   RANK, WORLD -> everything global: the data shard, the loss normaliser, who writes (is_main = RANK 0: the
                  checkpoints, the export, dvclive, the stage's metrics), which checkpoint every rank loads

@@ -27,10 +27,10 @@ weights and runs under bf16 autocast; fp32 everywhere on CPU.
 
 Determinism: the data plan and anchors are functions of (seed, epoch, document), the feature noise of
 (seed, step, row of the step): nothing but model, optimizer, scheduler, RNG states and the step counter must be
-saved, and a resumed run's losses equal the uninterrupted run's bit for bit on CPU (tests/test_train.py). Resumed
+saved, and a resumed run's losses equal the uninterrupted run's bit for bit on CPU (tests/unit/train/test_train.py). Resumed
 on another world size (same global batch), the step, lr schedule, rows, anchors and noise are the same; only the
 float summation order of the loss and gradients changes (micro-batch shapes, all-reduce order), so losses agree
-to ~1e-6 relative and drift slowly (tests/test_train_multinode.py).
+to ~1e-6 relative and drift slowly (tests/integration/test_train_multinode.py).
 """
 
 from __future__ import annotations

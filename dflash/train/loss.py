@@ -34,7 +34,7 @@ computed over R rows instead of V. A label in a zero row has logit 0; its gradie
 (they multiply W_i = 0); in the KL the Z zero rows share one probability each side and add
 Z exp(-lse_p) (lse_q - lse_p). The argmax over the full vocabulary is the kept argmax if its logit is > 0, else the
 smallest zero-row id (torch's first-index tie rule). Rows are checked once at start; on real targets no row is
-all zero and this is a no-op. tests/test_train.py and tests/test_loss_targets.py check against the full vocabulary.
+all zero and this is a no-op. tests/unit/train/test_train.py and tests/unit/train/test_loss_targets.py check against the full vocabulary.
 
 Metrics. acc_k = share of valid slot-k labels (the dataset token, or the target's argmax for the target_* losses)
 equal to the drafter's full-vocabulary argmax. The expected acceptance length implied by them, assuming slot k is
