@@ -3,7 +3,7 @@
 #   make demo-hybrid - the same DAG on a tiny Gated DeltaNet hybrid target, in build/demo-hybrid/ -> reports/hybrid/
 #   make test   - set up if needed, then the test suite
 #   make docs   - the documentation site into site/ (mkdocs build --strict)
-#   GPU host (README "GPU host"): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
+#   GPU host (docs/guides/gpu-host.md): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv

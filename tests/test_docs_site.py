@@ -54,14 +54,14 @@ def test_readme_links_resolve(repo_root):
 
 def test_a_broken_readme_link_is_found(repo_root, tmp_path):
     """The checker itself: a link to a missing page and one to a missing anchor are both reported."""
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs/page.md").write_text("# Page\n\n## Real section\n")
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages/page.md").write_text("# Page\n\n## Real section\n")
     (tmp_path / "README.md").write_text(
-        "[ok](docs/page.md#real-section) [gone](docs/nope.md) [bad anchor](docs/page.md#nope) `[code](x.md)`\n"
+        "[ok](pages/page.md#real-section) [gone](pages/nope.md) [bad anchor](pages/page.md#nope) `[code](x.md)`\n"
     )
     assert broken_links(tmp_path / "README.md", tmp_path) == [
-        "docs/nope.md: no such file in the repository",
-        "docs/page.md#nope: no heading with anchor #nope in docs/page.md",
+        "pages/nope.md: no such file in the repository",
+        "pages/page.md#nope: no heading with anchor #nope in pages/page.md",
     ]
 
 
