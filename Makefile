@@ -1,8 +1,9 @@
-# dflash-pipeline: every target is a one-liner that delegates (see README.md).
+# dflash-pipeline: every target is a one-liner that delegates (see README.md, docs/reference/make-targets.md).
 #   make demo   - set up if needed, then `dvc repro` the whole pipeline on the embedded tiny target (CPU)
 #   make demo-hybrid - the same DAG on a tiny Gated DeltaNet hybrid target, in build/demo-hybrid/ -> reports/hybrid/
 #   make test   - set up if needed, then the test suite
-#   GPU host (README "GPU host"): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
+#   make docs   - the documentation site into site/ (mkdocs build --strict)
+#   GPU host (docs/guides/gpu-host.md): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
@@ -24,7 +25,7 @@ IMAGE ?= dflash-pipeline:gpu
 WITH_FLASH_ATTN ?= 0
 REMOTE ?= storage
 
-.PHONY: setup demo demo-hybrid repro test test-fast lint plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
+.PHONY: setup demo demo-hybrid repro test test-fast lint docs plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
 
 setup: $(STAMP)
 
@@ -73,6 +74,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint docker/Dockerfile
 	$(PY) docker/base_image.py check
+
+# The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page outside the nav,
+# fails it. NO_MKDOCS_2_WARNING silences mkdocs-material's banner about its own successor.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 plan: $(STAMP)
 	python -m stages.plan --params $(PARAMS)

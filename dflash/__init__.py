@@ -14,5 +14,5 @@ Imports run one way: `stages/NAME.py` -> a stage package -> drafter -> core. A s
 imports another stage package; core imports nothing of ours outside core; nothing here imports
 `stages/`. Only generate and eval import vLLM; audit, tokenize and plan reach no torch. Every
 `__init__.py` is a docstring only (tests/unit/project/test_layout.py checks all of this, and that each stage's
-dvc.yaml deps cover exactly the files it imports). The design: docs/design.md.
+dvc.yaml deps cover exactly the files it imports). The design: docs/design/ (mkdocs site: make docs).
 """

@@ -1,4 +1,4 @@
-"""Save / load a drafter in the z-lab native format that vLLM and SGLang serve (docs/design.md section 7).
+"""Save / load a drafter in the z-lab native format that vLLM and SGLang serve (docs/design/checkpoint-serving.md).
 
 Folder layout:
   config.json        the drafter's Qwen3 config fields + architectures ["DFlashDraftModel"], model_type
@@ -34,7 +34,7 @@ _JSON_KEYS = {"target_layer_ids": "dflash_config.target_layer_ids", "mask_token_
 
 
 def body_keys(config: DrafterConfig) -> list[str]:
-    """Every tensor name the checkpoint holds, in the spelling of docs/design.md section 7."""
+    """Every tensor name the checkpoint holds, in the spelling of docs/design/checkpoint-serving.md."""
     keys = []
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."

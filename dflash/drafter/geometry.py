@@ -6,7 +6,7 @@ Only the hidden size and the vocabulary come from the target (the drafter shares
 lm_head). Heads, head_dim, KV heads, FFN and layers are the drafter's own: copying the target's (for
 Qwen3.6-27B: head_dim 256, 24 heads, 4 KV heads instead of the drafter's 128 / 32 / 8) is the classic
 silent bug this module exists to stop. Layer-id convention: id L is the OUTPUT of target decoder layer L
-(transformers' `hidden_states[L + 1]`; vLLM's aux layer id L + 1); see docs/design.md section 4.
+(transformers' `hidden_states[L + 1]`; vLLM's aux layer id L + 1); see docs/design/drafter.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Layout (one packed row; no batch dimension):
   queries  = N blocks x B slots, query index q = j * B + o (block j, offset o)      -> Q = N * B
   keys     = [context positions 0..S-1 ; the same N * B block slots]              -> KV = S + N * B
 
-The rule (docs/design.md section 4). Query (j, o) with anchor a = anchors[j] may attend to
+The rule (docs/design/drafter.md, visibility). Query (j, o) with anchor a = anchors[j] may attend to
   - context key p < S      iff p < a (strictly: the anchor's own hidden state does not exist yet at
                              inference), doc_ids[p] == doc_ids[a] (packed rows keep documents apart)
                              and, in sliding_attention layers, p >= a + o - (window - 1);
@@ -17,7 +17,7 @@ Every query sees at least its own slot, so no softmax row is empty.
 `mask_mod` (BlockMask) both call it, so the two backends agree by construction. `naive_mask` is an
 independent per-(query, key) loop written from the prose above; tests check both against it.
 
-Flex notes (docs/design.md section 5): build the BlockMask with H=None (a per-head mask OOMs at long
+Flex notes (docs/design/training.md, masks): build the BlockMask with H=None (a per-head mask OOMs at long
 context) and, on CUDA, with a compiled `create_block_mask` (uncompiled, it materialises the dense
 Q x KV grid first).
 """

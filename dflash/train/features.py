@@ -3,7 +3,7 @@
 The target is any transformers causal LM (`AutoModelForCausalLM`; Qwen3, and the Qwen3.5/3.6 hybrids whose
 config nests the text model under `text_config`: transformers loads their text part). Eval mode, no grad,
 bf16 on GPU / fp32 on CPU (dflash/train/loop.py chooses). Forward hooks on the decoder layers named in target_layer_ids
-keep each one's output (= HF `hidden_states[id + 1]`, docs/design.md section 4); the hook on the deepest needed
+keep each one's output (= HF `hidden_states[id + 1]`, docs/design/drafter.md); the hook on the deepest needed
 layer then stops the forward, so the remaining layers, the final norm and the lm_head never run. The loss targets
 that learn the target's own predictions (`train.loss_target: target_argmax | target_kl`) also need the final
 hidden state (the last layer after the final norm): then the whole decoder runs (never its lm_head: the loss makes

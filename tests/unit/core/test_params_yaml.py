@@ -305,7 +305,7 @@ stages:
 
 
 def test_dvc_exp_run_set_param_reruns_the_plan(tmp_path):
-    """The README's experiment workflow on the plan stage: `dvc exp run -S` makes DVC rewrite params.yaml with
+    """The documented experiment workflow (docs/getting-started.md) on the plan stage: `dvc exp run -S` makes DVC rewrite params.yaml with
     ruamel (YAML 1.2: the quoted "yes" placeholder text comes back unquoted); the stage must read it as DVC does.
     A copy of the plan stage's sources in a throw-away git + DVC repo (~4 s: no target, no model)."""
     repo = tmp_path / "repo"

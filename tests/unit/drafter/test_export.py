@@ -58,7 +58,7 @@ def test_checkpoint_holds_exactly_the_body(small, tmp_path):
         keys = set(f.keys())
         fc_shape = tuple(f.get_tensor("fc.weight").shape)
     want = {"fc.weight", "hidden_norm.weight", "norm.weight"}
-    for i in range(3):  # docs/design.md section 7, spelled out independently of dflash.drafter.export.body_keys
+    for i in range(3):  # docs/design/checkpoint-serving.md, spelled out independently of export.body_keys
         want |= {
             f"layers.{i}.self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
         }

@@ -1,5 +1,5 @@
 """The GPU image's definition, checked without a Docker engine: the base pin, hadolint, the GPU profile's
-pins and the build context. (Building and running the image happen only on a GPU host: README "GPU host".)"""
+pins and the build context. (Building and running the image happen only on a GPU host: docs/guides/gpu-host.md.)"""
 
 from __future__ import annotations
 

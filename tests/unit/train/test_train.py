@@ -3,7 +3,7 @@
 Everything runs on the small random Qwen3 target and hand-made shards of tests/helpers.py (vocab 512, hidden 64,
 4 layers; lm_head rows 300..511 zeroed so the exact zero-row softmax is on the training path; documents of a few
 random prompt tokens (loss 0), then a fixed token cycle the drafter can learn (loss 1) ending with token 305, a
-zero lm_head row). DDP / FSDP / torchrun: tests/integration/test_train_*.py.
+zero lm_head row). DDP / FSDP / torchrun: tests/integration/ (test_train_ddp, test_train_fsdp, test_train_multinode).
 
 Golden file: tests/golden/train_tiny.json holds the per-step losses of the seeded run below on one CPU thread;
 the test demands exact equality (same machine type; other CPUs may round differently). After a deliberate

@@ -1,0 +1,342 @@
+"""mkdocs hook: the documentation pages whose content is generated at build time, from one source each.
+
+A page asks for generated content with a marker line, `<!-- generated: KIND ARG... -->`; this hook replaces
+the marker with markdown before mkdocs renders the page (so the generated links and anchors are checked by
+the same strict validation as the rest of the site). Kinds:
+
+    params                      the params reference: one table per params.yaml section, from the dataclasses
+                                in dflash/core/params.py (key, type, the field's comment), the value in
+                                params.yaml and the one in the GPU overlay params/gpu-qwen3.6-27b.yaml
+    metrics DIR                 every stage's headline metrics file DIR/NAME.json as a table
+    report FILE                 a committed markdown report (reports/eval.md), headings moved down two levels
+    sweep FILE                  a pilot.json's concurrency sweep as a table
+    plan-case                   the plan of the real job (the GPU overlay), computed now by the plan stage's
+                                own code, for the overlay and the variants the guides discuss
+    plan-report                 that plan's whole report (what `python -m stages.plan --overlay ...` prints)
+    provenance FILE...          which commit last changed the files, and when (`git log -1`)
+
+Anything it cannot read or parse (a field without a comment, a missing report, an unknown kind) stops the
+build with an error naming the file: a generated page is never silently empty.
+
+Wired in by mkdocs.yml (`hooks: [docs/hooks/generated.py]`); runs in `make docs` and tests/unit/project/test_docs_site.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import json
+import re
+import subprocess
+import sys
+import tokenize
+import typing
+from pathlib import Path
+from typing import Any
+
+from mkdocs.exceptions import PluginError
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_OVERLAY = "params/gpu-qwen3.6-27b.yaml"
+MARKER = re.compile(r"^<!-- generated: ([\w-]+)((?: [^ \n]+)*) -->$", re.M)
+STAGES = ["target", "audit", "pilot", "generate", "tokenize", "train", "eval", "plan"]
+
+
+def on_config(config: Any) -> Any:
+    """The renderers import the project's own params schema and plan code: put the repository on sys.path."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return config
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    def replace(m: re.Match) -> str:
+        kind, args = m.group(1), m.group(2).split()
+        render = RENDERERS.get(kind)
+        if render is None:
+            raise PluginError(f"{page.file.src_path}: unknown generated block '{kind}' (known: {sorted(RENDERERS)})")
+        try:
+            return render(*args)
+        except PluginError:
+            raise
+        except Exception as exc:  # a page must never be built half-generated
+            raise PluginError(f"{page.file.src_path}: generated block '{m.group(0)}' failed: {exc!r}") from exc
+
+    return MARKER.sub(replace, markdown)
+
+
+# ---- small helpers -----------------------------------------------------------------------------------------
+
+
+def _cell(value: Any, digits: int = 0) -> str:
+    """A value as one markdown table cell, in code: strings as they are, the rest as JSON (true, null, [...]);
+    `digits` > 0 rounds floats to that many significant digits (metrics), 0 keeps them as written (params)."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, float) and digits:
+        text = f"{value:.{digits}g}"
+    else:
+        text = json.dumps(value, separators=(", ", ": "))
+    return f"`{text}`" if text else '`""`'
+
+
+def _text(text: str) -> str:
+    """Prose in a table cell: a bare | would start a new column (inside code spans it is fine)."""
+    return text.replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _read(rel: str) -> str:
+    path = REPO / rel
+    if not path.is_file():
+        raise PluginError(f"generated docs: {rel} does not exist (run the command the page names to produce it)")
+    return path.read_text()
+
+
+def provenance(*rels: str) -> str:
+    """`git log -1` of the files: the commit that last changed them and its date."""
+    out = subprocess.run(
+        ["git", "log", "-1", "--format=%h %cs", "--", *rels], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    names = ", ".join(f"`{r}`" for r in rels)
+    if out.returncode != 0 or not out.stdout.strip():
+        return f"Source: {names} (not committed yet: no commit or date to show)."
+    commit, date = out.stdout.split()
+    return f"Source: {names}, committed in `{commit}` on {date} (`git log -1 -- {' '.join(rels)}`)."
+
+
+# ---- params reference ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FieldDoc:
+    annotation: str  # the type as written in dflash/core/params.py
+    comment: str  # the field's comment (the same words as params.yaml's)
+
+
+def field_docs(path: Path) -> tuple[dict[str, dict[str, FieldDoc]], dict[str, str]]:
+    """dataclass name -> field -> FieldDoc, and dataclass name -> docstring, read from the source: a field's
+    comment is every `#` comment inside its statement's lines (ruff may wrap a long annotation, putting the
+    comment on a later line). A field without a comment is an error, unless its type is a section of its own
+    (a dataclass of the file: its docstring says what it is)."""
+    source = path.read_text()
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    fields: dict[str, dict[str, FieldDoc]] = {}
+    docs: dict[str, str] = {}
+    body = ast.parse(source).body
+    classes = [node for node in body if isinstance(node, ast.ClassDef)]
+    aliases = {  # EvalEngine = Literal[...]: the page shows what the name stands for
+        node.targets[0].id: ast.unparse(node.value)
+        for node in body
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    }
+    sections = {node.name for node in classes}
+    for node in classes:
+        docs[node.name] = " ".join((ast.get_docstring(node) or "").split())
+        fields[node.name] = {}
+        for stmt in node.body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            said = [comments[n] for n in range(stmt.lineno, stmt.end_lineno + 1) if n in comments]
+            if not said and ast.unparse(stmt.annotation) not in sections:
+                raise PluginError(
+                    f"{path.relative_to(REPO)}:{stmt.lineno}: {node.name}.{stmt.target.id} has no comment"
+                )
+            annotation = re.sub(r"\b\w+\b", lambda m: aliases.get(m.group(0), m.group(0)), ast.unparse(stmt.annotation))
+            fields[node.name][stmt.target.id] = FieldDoc(annotation, " ".join(said))
+    return fields, docs
+
+
+def _lookup(tree: Any, key: str) -> tuple[bool, Any]:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False, None
+        tree = tree[part]
+    return True, tree
+
+
+def render_params() -> str:
+    from dflash.core.loader import read_yaml
+    from dflash.core.params import Params
+
+    fields, docs = field_docs(REPO / "dflash/core/params.py")
+    values, overlay = read_yaml(REPO / "params.yaml"), read_yaml(REPO / GPU_OVERLAY, "overlay file")
+    out: list[str] = []
+
+    def section(cls: type, prefix: str, level: int) -> None:
+        hints = typing.get_type_hints(cls)
+        rows, nested = [], []
+        for f in dataclasses.fields(cls):
+            key, doc = f"{prefix}{f.name}", fields[cls.__name__][f.name]
+            found, value = _lookup(values, key)
+            if not found:
+                raise PluginError(f"params.yaml: {key} (a field of {cls.__name__}) is missing")
+            tp = hints[f.name]
+            item = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else None
+            if dataclasses.is_dataclass(tp):
+                nested.append((tp, f"{key}.", doc.comment))
+                continue
+            if item is not None and dataclasses.is_dataclass(item):  # a mapping of named entries
+                nested.append((item, f"{key}.<name>.", doc.comment))
+            in_overlay, gpu = _lookup(overlay, key)
+            rows.append(
+                [f"`{key}`", f"`{doc.annotation}`", _cell(value), _cell(gpu) if in_overlay else "", _text(doc.comment)]
+            )
+        if rows:
+            out.append(_table(["key", "type", "params.yaml", "GPU overlay", "what it is"], rows) + "\n")
+        for tp, sub, comment in nested:
+            about = " ".join(x for x in (f"{comment}." if comment else "", docs[tp.__name__]) if x)
+            out.append(f"{'#' * level} `{sub.rstrip('.')}`\n\n{about}\n")
+            if "<name>" in sub:  # the entries' fields, documented once; the values are the parent row's
+                rows = [
+                    [
+                        f"`{g.name}`",
+                        f"`{fields[tp.__name__][g.name].annotation}`",
+                        _text(fields[tp.__name__][g.name].comment),
+                    ]
+                    for g in dataclasses.fields(tp)
+                ]
+                out.append(_table(["field of each entry", "type", "what it is"], rows) + "\n")
+            else:
+                section(tp, sub, min(level + 1, 6))
+
+    for f in dataclasses.fields(Params):
+        cls = typing.get_type_hints(Params)[f.name]
+        out.append(f"## `{f.name}`\n\n{docs[cls.__name__]}\n")
+        section(cls, f"{f.name}.", 3)
+    text = "\n".join(out)
+    if text.count("\n| `") < 150:  # the schema has ~250 keys: far fewer means the parse went wrong
+        raise PluginError(f"params reference: only {text.count(chr(10) + '| `')} rows rendered")
+    return text
+
+
+# ---- reports ------------------------------------------------------------------------------------------------
+
+
+def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    rows = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
+            rows += _flatten(v, f"{prefix}{k}.")
+        elif isinstance(v, (dict, list)) and len(json.dumps(v)) > 120:
+            continue  # long structures (the sweep, per prompt set) have their own tables
+        else:
+            rows.append((f"{prefix}{k}", v))
+    return rows
+
+
+def render_metrics(folder: str) -> str:
+    out = []
+    for stage in STAGES:
+        rel = f"{folder}/{stage}.json"
+        data = json.loads(_read(rel))
+        rows = [[f"`{k}`", _cell(v, digits=5)] for k, v in _flatten(data)]
+        out.append(f"### {stage}\n\n{provenance(rel)}\n\n" + _table(["metric", "value"], rows) + "\n")
+    return "\n".join(out)
+
+
+def _lists_apart(text: str) -> str:
+    """A blank line before a list that follows a paragraph line: GitHub renders the list without one, mkdocs's
+    Markdown does not (it would join the items into the paragraph)."""
+    return re.sub(r"^([^\n\-|#].*)\n(- )", r"\1\n\n\2", text, flags=re.M)
+
+
+def render_report(rel: str) -> str:
+    text = _lists_apart(_read(rel))
+    text = re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
+    return f"{provenance(rel)}\n\n{text}"
+
+
+def render_sweep(rel: str) -> str:
+    data = json.loads(_read(rel))
+    sweep = data.get("sweep") or []
+    if not sweep:
+        raise PluginError(f"{rel}: no `sweep` (the pilot ran without generate.pilot_sweep)")
+    cols = list(sweep[0])
+    rows = [[_cell(level.get(c), digits=5) for c in cols] for level in sweep]
+    knee = data.get("chosen_max_num_seqs")
+    return (
+        f"{provenance(rel)}\n\n"
+        + _table([f"`{c}`" for c in cols], rows)
+        + f"\n\nKnee (`chosen_max_num_seqs`): {knee}.\n"
+    )
+
+
+# ---- the plan of the real job -------------------------------------------------------------------------------
+
+PLAN_VARIANTS = [  # (label, -S overrides): the overlay as committed, then what the guides discuss
+    ("the overlay", []),
+    ("generate.max_num_seqs=8 (vLLM's BF16 serving recipe)", ["generate.max_num_seqs=8"]),
+    ("train.loss_target=tokens", ["train.loss_target=tokens"]),
+    ("train.loss_target=target_kl", ["train.loss_target=target_kl"]),
+    ("plan.deadline_hours=72", ["plan.deadline_hours=72"]),
+    ("plan.deadline_hours=72, plan.internode_gbps=25", ["plan.deadline_hours=72", "plan.internode_gbps=25"]),
+    ("plan.deadline_hours=72, plan.internode_gbps=12.5", ["plan.deadline_hours=72", "plan.internode_gbps=12.5"]),
+]
+
+
+def _days(hours: float) -> str:
+    return f"{hours:,.1f} h ({hours / 24:.1f} d)"
+
+
+def _plan(overrides: list[str]) -> dict:
+    from dflash.core.loader import load_params
+    from dflash.plan.estimate import make_plan
+
+    empty = ["plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]  # no demo metrics: another target
+    return make_plan(load_params(REPO / "params.yaml", overrides=[*empty, *overrides], overlays=[REPO / GPU_OVERLAY]))
+
+
+def render_plan_report() -> str:
+    """The whole plan.md of the overlay as committed, headings moved down two levels."""
+    from dflash.plan.report import render_markdown
+
+    text = _lists_apart(render_markdown(_plan([])))
+    return re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
+
+
+def render_plan_case() -> str:
+    rows = []
+    for label, overrides in PLAN_VARIANTS:
+        p = _plan(overrides)
+        s, t = p["summary"], p["training"]
+        layout = t["layouts"][s["train_layout"]]
+        drafter = layout["per_gpu"].get("drafter_gpu", {}).get("need_gb")
+        deadline = s.get("deadline") or p.get("deadline")
+        cluster = ""
+        if isinstance(deadline, dict) and deadline.get("met"):
+            cluster = f"{deadline['gpus']} GPUs = {deadline['nodes']} x {deadline['gpus_per_node']}: {deadline['total_hours']:.1f} h"
+        elif isinstance(deadline, dict):
+            cluster = f"not met (best {deadline['best_hours']:.1f} h)"
+        rows.append(
+            [
+                label,
+                f"{_days(s['generation_hours'])}, {s['generation_batch_per_engine']} seqs / engine",
+                f"{s['train_layout']}: {_days(s['train_hours'])}",
+                f"{t['flops_per_sequence']['total']:.3g}",
+                f"{drafter:.1f} GB" if drafter is not None else "",
+                cluster,
+            ]
+        )
+    header = ["-S", "generation", "training", "FLOPs / seq", "drafter GPU", "deadline cluster"]
+    return _table(header, rows) + "\n"
+
+
+RENDERERS = {
+    "params": render_params,
+    "metrics": render_metrics,
+    "report": render_report,
+    "sweep": render_sweep,
+    "plan-case": render_plan_case,
+    "plan-report": render_plan_report,
+    "provenance": provenance,
+}
