@@ -63,11 +63,14 @@ demo-hybrid: $(STAMP)
 	rm -rf $(HYBRID_REPORTS) && mkdir -p $(HYBRID_REPORTS)
 	cp -r $(HYBRID_DIR)/reports/. $(HYBRID_REPORTS)/ && cp $(HYBRID_DIR)/dvc.lock $(HYBRID_REPORTS)/dvc.lock
 
+# Two pytest-xdist workers, one test file each at a time (a file's module fixtures, such as its vLLM engines, stay
+# on one worker); the integration files go first, so the longest work starts first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

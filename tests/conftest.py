@@ -39,6 +39,9 @@ INTEGRATION = REPO / "tests/integration"  # real vLLM, real `dvc repro`, torchru
 
 
 def pytest_collection_modifyitems(config, items):
+    # Integration files first (a stable sort keeps each file's own order): with `-n 2 --dist loadfile` the
+    # longest files start first and the many short unit files fill the gaps at the end.
+    items.sort(key=lambda item: INTEGRATION not in item.path.parents)
     has_vllm = importlib.util.find_spec("vllm") is not None
     has_cuda = _has_cuda()
     for item in items:
@@ -91,15 +94,23 @@ def sample_conversations():
 
 
 @pytest.fixture(scope="session")
-def tiny_target(tmp_path_factory):
+def tiny_target(tmp_path_factory, worker_id):
     """A tiny Qwen3 target (real Qwen3 tokenizer) pre-trained for 120 steps: its greedy outputs already
     follow the chat format and end with <|im_end|>, so generation, training and eval tests see realistic
-    structure (after 60 steps they still looped on <|im_start|>). Built once per test session (~70 s)."""
+    structure (after 60 steps they still looped on <|im_start|>). Built once per test run (~70 s): with
+    pytest-xdist the first worker that needs it builds it under a file lock in the run's shared temp folder and
+    the others wait for it (the build is deterministic, so who builds it does not matter)."""
+    from filelock import FileLock
+
     from dflash.target.build import build_tiny
 
-    params = repo_params(["target.tiny.steps=120", "target.tiny.corpus_size=800"])
-    out = tmp_path_factory.mktemp("tiny_target") / "target"
-    build_tiny(params.target, params.base, out)
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    out, done = shared / "tiny_target" / "target", shared / "tiny_target" / "built"
+    with FileLock(str(shared / "tiny_target.lock")):
+        if not done.exists():
+            params = repo_params(["target.tiny.steps=120", "target.tiny.corpus_size=800"])
+            build_tiny(params.target, params.base, out)
+            done.touch()
     return out
 
 

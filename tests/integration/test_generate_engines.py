@@ -129,15 +129,24 @@ def test_sigkill_and_resume_loses_and_duplicates_nothing(workspace, tiny_target,
     assert not differ, f"{len(differ)} of {len(rows)} completions differ: {differ[:5]}"
 
 
-def _engine_processes() -> set[int]:
-    """pids of running vLLM engine processes (vLLM names them VLLM::EngineCore, VLLM::Worker...)."""
+RUN_TAG = "DFLASH_TEST_RUN_TAG"  # set in the stage's environment: its processes (and only they) inherit it
+
+
+def _engine_processes(tag: str) -> set[int]:
+    """pids of running vLLM engine processes (vLLM names them VLLM::EngineCore, VLLM::Worker...) started under
+    `tag`: engines of other tests running side by side (pytest-xdist) do not count."""
     import psutil
 
     found = set()
     for proc in psutil.process_iter(["pid", "name", "cmdline"]):
         text = f"{proc.info['name']} {' '.join(proc.info['cmdline'] or [])}"
-        if "VLLM::" in text:
-            found.add(proc.info["pid"])
+        if "VLLM::" not in text:
+            continue
+        try:
+            if proc.environ().get(RUN_TAG) == tag:
+                found.add(proc.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
     return found
 
 
@@ -152,16 +161,16 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     cmd = generate_cmd(
         ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1", "generate.engine_core_process=true"
     )
-    env = {**os.environ, contract.CRASH_ENV: "1"}  # the worker dies whenever it receives unit 1
-    before = _engine_processes()
+    tag = str(ws)
+    env = {**os.environ, contract.CRASH_ENV: "1", RUN_TAG: tag}  # the worker dies whenever it receives unit 1
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 1
-    left = _engine_processes() - before
+    left = _engine_processes(tag)
     for _ in range(10):  # a killed process is listed until the OS has reaped it: allow a few seconds for that
         if not left:
             break
         time.sleep(0.5)
-        left &= _engine_processes()
+        left &= _engine_processes(tag)
     assert not left, "engine-core processes left running after the stage exited"
     assert "unit-00001" in out.stderr and "failed after retries" in out.stderr
     m = read_json(ws / "reports" / "generate_details.json")

@@ -41,6 +41,7 @@ def test_ddp_gradients_equal_one_process_on_the_same_global_batch(tmp_path, trai
     assert ddp["metrics"]["correct"] == metrics["correct"] and ddp["metrics"]["counted"] == metrics["counted"]
     assert ddp["metrics"]["loss"] == pytest.approx(metrics["loss"], rel=1e-6)
     for g, p in zip(ddp["grads"], single.model.parameters(), strict=True):
+        print("SCALE", p.grad.abs().max().item(), (g - p.grad).abs().max().item())
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
     half = Trainer(
         train_params(train_target, tmp_path / "half"), train_data

@@ -5,9 +5,11 @@ Everything runs on the small random Qwen3 target and hand-made shards of tests/h
 random prompt tokens (loss 0), then a fixed token cycle the drafter can learn (loss 1) ending with token 305, a
 zero lm_head row). DDP / FSDP / torchrun: tests/integration/ (test_train_ddp, test_train_fsdp, test_train_multinode).
 
-Golden file: tests/golden/train_tiny.json holds the per-step losses of the seeded run below on one CPU thread;
-the test demands exact equality (same machine type; other CPUs may round differently). After a deliberate
-change to the training numerics, regenerate it and commit the diff with the reason:
+Golden file: tests/golden/train_tiny.json holds the per-step losses of the seeded run below on one CPU thread,
+one curve per CPU type it was recorded on; the test demands exact equality on a recorded CPU type (another
+instruction set rounds the last bits differently: there, 1e-5 relative to every recorded curve). To record this
+machine's CPU type, or after a deliberate change to the training numerics (then delete the old curves first),
+run the following and commit the diff with the reason:
     DFLASH_UPDATE_GOLDEN=1 python -m pytest -q tests/unit/train/test_train.py -k golden
 """
 
@@ -405,15 +407,36 @@ def test_kill_and_resume_equals_the_uninterrupted_run_bitwise(tmp_path, train_ta
     assert not list(folder.glob(".tmp-*"))
 
 
+def _cpu_type() -> str:
+    """The CPU type a golden curve was recorded on: the model name and instruction-set flags (float rounding of
+    the matmul and reduction kernels follows the instruction set they dispatch to)."""
+    import hashlib
+    import platform
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return hashlib.sha256("\n".join(sorted(set(lines))).encode()).hexdigest()[:16]
+
+
 def test_golden_losses(uninterrupted):
+    """Exact equality with the curve recorded on this CPU type; on a CPU type with no recorded curve (another
+    instruction set rounds the last bit differently) every recorded curve must still agree to 1e-5 relative,
+    far below what a real change to the numerics moves (a different anchor, weight or loss shifts them by > 1e-3)."""
     _, summary, history = uninterrupted
     losses = [h["loss"] for h in history]
     assert len(losses) == summary["total_steps"] > 20
-    if os.environ.get("DFLASH_UPDATE_GOLDEN"):
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(json.dumps({"torch": torch.__version__, "loss": losses}, indent=1) + "\n")
     golden = json.loads(GOLDEN.read_text())
-    assert losses == golden["loss"], "training numerics changed; see the module docstring to regenerate"
+    runs = {r["cpu"]: r["loss"] for r in golden["runs"]}
+    if os.environ.get("DFLASH_UPDATE_GOLDEN"):  # record (or replace) this CPU type's curve
+        runs[_cpu_type()] = losses
+        runs = {cpu: curve for cpu, curve in runs.items() if cpu == _cpu_type() or curve != losses}
+        doc = {"torch": torch.__version__, "runs": [{"cpu": cpu, "loss": curve} for cpu, curve in runs.items()]}
+        GOLDEN.write_text(json.dumps(doc, indent=1) + "\n")
+    assert golden["torch"] == torch.__version__, "golden losses of another torch version: regenerate them"
+    if _cpu_type() in runs:
+        assert losses == runs[_cpu_type()], "training numerics changed; see the module docstring to regenerate"
+    for cpu, curve in runs.items():
+        assert losses == pytest.approx(curve, rel=1e-5), f"training numerics changed (curve of CPU type {cpu})"
 
 
 def test_checkpoint_folder_follows_the_config(tmp_path, train_target, train_data, uninterrupted):
