@@ -40,11 +40,14 @@ def test_ddp_gradients_equal_one_process_on_the_same_global_batch(tmp_path, trai
     assert single.rows_per_step == 2 and ddp["metrics"]["tokens"] == metrics["tokens"]
     assert ddp["metrics"]["correct"] == metrics["correct"] and ddp["metrics"]["counted"] == metrics["counted"]
     assert ddp["metrics"]["loss"] == pytest.approx(metrics["loss"], rel=1e-6)
-    for g, p in zip(ddp["grads"], single.model.parameters(), strict=True):
-        print("SCALE", p.grad.abs().max().item(), (g - p.grad).abs().max().item())
-        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
-    half = Trainer(
-        train_params(train_target, tmp_path / "half"), train_data
-    )  # one process, batch 1: a different global batch
+
+    def close(a, b) -> bool:
+        # Two ranks sum their halves and all-reduce; one process sums all rows at once: the float32 sums differ by
+        # a few units in the last place of the tensor's largest entries (up to 5 ulps of max |grad| seen on an
+        # AVX-512 Xeon), so the absolute tolerance is 16 ulps of that scale.
+        return torch.allclose(a, b, rtol=1e-5, atol=16 * torch.finfo(torch.float32).eps * b.abs().max().item())
+
+    assert all(close(g, p.grad) for g, p in zip(ddp["grads"], single.model.parameters(), strict=True))
+    half = Trainer(train_params(train_target, tmp_path / "half"), train_data)  # one process, batch 1: another batch
     half.compute_gradients(0)
-    assert not all(torch.allclose(g, p.grad) for g, p in zip(ddp["grads"], half.model.parameters(), strict=True))
+    assert not all(close(g, p.grad) for g, p in zip(ddp["grads"], half.model.parameters(), strict=True))
