@@ -230,7 +230,7 @@ def json_column(value: Any, name: str) -> Any:
     try:
         return json.loads(value)
     except json.JSONDecodeError as exc:
-        raise RowError(f"{name}: a string that is not valid JSON ({exc.msg} at character {exc.pos})") from None
+        raise RowError(f"{name}: a string that is not valid JSON: {exc.msg} (character {exc.pos})") from None
     except RecursionError:
         raise RowError(f"{name}: a JSON string {too_deep(value)}") from None
 

@@ -196,6 +196,30 @@ def _open_arrow(path: Path) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         raise UserError(f"{path}: not a readable Arrow file ({_one_line(exc)})") from None
 
 
+def _as_binary(t: pa.DataType) -> pa.DataType:
+    """`t` with every string type (nested too) read as bytes, whose validation does not check UTF-8."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.large_binary() if pa.types.is_large_string(t) else pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = t.value_field.with_type(_as_binary(t.value_type))
+        return pa.large_list(item) if pa.types.is_large_list(t) else pa.list_(item)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_as_binary(f.type)) for f in t])
+    return t
+
+
+def _check_structure(batch: pa.RecordBatch) -> None:
+    """ArrowInvalid when the batch's buffers are damaged (offsets out of bounds...): reading them could crash.
+    Strings that are not UTF-8 pass: they are malformed rows (batch_chunk reads that batch row by row)."""
+    try:
+        batch.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        if "UTF8" not in str(exc):
+            raise
+        schema = pa.schema([f.with_type(_as_binary(f.type)) for f in batch.schema])
+        batch.cast(schema).validate(full=True)
+
+
 def _batches(path: Path, first_row: int) -> Iterator[pa.RecordBatch]:
     """The record batches of one Arrow file; a damaged one is a UserError naming the file and the row."""
     _, batches = _open_arrow(path)
@@ -203,6 +227,8 @@ def _batches(path: Path, first_row: int) -> Iterator[pa.RecordBatch]:
     while True:
         try:
             batch = next(batches, None)
+            if batch is not None:
+                _check_structure(batch)
         except _READ_ERRORS as exc:
             raise UserError(f"{path}: Arrow data after row {row} cannot be read ({_one_line(exc)})") from None
         if batch is None:
@@ -213,7 +239,7 @@ def _batches(path: Path, first_row: int) -> Iterator[pa.RecordBatch]:
 
 def arrow_rows(files: list[Path]) -> int:
     """Rows in Arrow files (batch headers only: the data stays on disk)."""
-    return sum(batch.num_rows for path in files for batch in _batches(path, 0))
+    return sum(batch.num_rows for path in files for batch in _open_arrow(path)[1])
 
 
 def iter_arrow(
