@@ -73,11 +73,14 @@ def _renamed(batch: pa.RecordBatch, picked: dict[str, str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([batch.column(c) for c in picked.values()], names=list(picked))
 
 
-def batch_chunk(batch: pa.RecordBatch, base: int, label: str, kind: str, picked: dict[str, str]) -> Chunk:
-    """One batch (rows base, base+1, ...) -> a RAW chunk: Arrow conforms it when its types fit, else row by row."""
+def batch_chunk(
+    batch: pa.RecordBatch, base: int, label: str, kind: str, picked: dict[str, str], valid: bool = False
+) -> Chunk:
+    """One batch (rows base, base+1, ...) -> a RAW chunk: Arrow conforms it when its types fit, else row by row.
+    `valid`: the batch passed a full validation already (UTF-8 included)."""
     batch = _renamed(batch, picked)
     try:
-        return _fast(batch, base, label, kind)
+        return _fast(batch, base, label, kind, valid)
     except (TypeError, pa.ArrowInvalid):  # a shape Arrow cannot conform (or bad UTF-8): row by row
         items, bad = _python_items(batch, base, label, kind)
         names = {field: column for field, column in picked.items() if field != column}
@@ -129,8 +132,9 @@ def _conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
     raise TypeError(f"unsupported target type {target}")
 
 
-def _fast(batch: pa.RecordBatch, base: int, label: str, kind: str) -> Chunk:
-    batch.validate(full=True)  # ArrowInvalid on a string that is not UTF-8 (parquet does not check)
+def _fast(batch: pa.RecordBatch, base: int, label: str, kind: str, valid: bool = False) -> Chunk:
+    if not valid:
+        batch.validate(full=True)  # ArrowInvalid on a string that is not UTF-8 (parquet does not check)
     n = batch.num_rows
     columns = [
         _conform(batch.column(f.name), f.type) if f.name in batch.schema.names else pa.nulls(n, f.type)
@@ -208,33 +212,34 @@ def _as_binary(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _check_structure(batch: pa.RecordBatch) -> None:
+def _check_structure(batch: pa.RecordBatch) -> bool:
     """ArrowInvalid when the batch's buffers are damaged (offsets out of bounds...): reading them could crash.
-    Strings that are not UTF-8 pass: they are malformed rows (batch_chunk reads that batch row by row)."""
+    Strings that are not UTF-8 pass (False: batch_chunk reads that batch row by row, naming those rows)."""
     try:
         batch.validate(full=True)
+        return True
     except pa.ArrowInvalid as exc:
         if "UTF8" not in str(exc):
             raise
         schema = pa.schema([f.with_type(_as_binary(f.type)) for f in batch.schema])
         batch.cast(schema).validate(full=True)
+        return False
 
 
-def _batches(path: Path, first_row: int) -> Iterator[pa.RecordBatch]:
-    """The record batches of one Arrow file; a damaged one is a UserError naming the file and the row."""
+def _batches(path: Path, first_row: int) -> Iterator[tuple[pa.RecordBatch, bool]]:
+    """(batch, its strings are all UTF-8) of one Arrow file; a damaged batch is a UserError naming the file and row."""
     _, batches = _open_arrow(path)
     row = first_row
     while True:
         try:
             batch = next(batches, None)
-            if batch is not None:
-                _check_structure(batch)
+            utf8 = _check_structure(batch) if batch is not None else True
         except _READ_ERRORS as exc:
             raise UserError(f"{path}: Arrow data after row {row} cannot be read ({_one_line(exc)})") from None
         if batch is None:
             return
         row += batch.num_rows
-        yield batch
+        yield batch, utf8
 
 
 def arrow_rows(files: list[Path]) -> int:
@@ -259,18 +264,18 @@ def iter_arrow(
         schema, _ = _open_arrow(path)
         picked = select_columns(schema.names, label if len(files) == 1 else f"{label} ({path.name})", rename, param)
         pending: list[pa.RecordBatch] = []
-        held = 0
-        for batch in _batches(path, base):
+        held, valid = 0, True  # valid: every pending batch passed the full validation (UTF-8 included)
+        for batch, utf8 in _batches(path, base):
             while batch.num_rows:
                 take = min(batch.num_rows, rows - held)
                 pending.append(batch.slice(0, take))
-                held += take
+                held, valid = held + take, valid and utf8
                 batch = batch.slice(take)
                 if held == rows:
-                    yield batch_chunk(pa.concat_batches(pending), base, label, kind, picked)
-                    base, pending, held = base + held, [], 0
+                    yield batch_chunk(pa.concat_batches(pending), base, label, kind, picked, valid)
+                    base, pending, held, valid = base + held, [], 0, True
         if held:
-            yield batch_chunk(pa.concat_batches(pending), base, label, kind, picked)
+            yield batch_chunk(pa.concat_batches(pending), base, label, kind, picked, valid)
             base += held
     if expect_rows is not None and base != expect_rows:
         raise UserError(
