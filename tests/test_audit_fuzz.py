@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dflash.audit.run import run_audit
@@ -298,6 +298,7 @@ def check(path: Path, tmp: Path, generated: int, extra: tuple[str, ...] = ()) ->
 @given(dataset(), st.lists(corruption, max_size=3), st.sampled_from([None, 0, 2]), st.sampled_from([1 << 20, 64]))
 def test_any_input_is_counted_exactly_or_refused_with_one_line(ds, ops, indent, chunk_bytes):
     fmt, rows = ds
+    assume(rows or not fmt.endswith(".hub"))  # `datasets` cannot build a hub split of no rows to cache
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         path = tmp / f"in.{fmt.split('.')[1]}"
