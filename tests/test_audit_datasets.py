@@ -281,6 +281,10 @@ def test_a_damaged_save_to_disk_folder_is_one_line_naming_the_file(tmp_path):
     with pytest.raises(UserError, match=rf"^{shard}: Arrow data after row 100 cannot be read") as err:
         audit(saved, tmp_path / "out")
     assert "\n" not in str(err.value)
+    first = saved / "data-00000-of-00002.arrow"
+    first.write_bytes(first.read_bytes().replace(b"messages", b"\x80essages"))  # a column name, not UTF-8
+    with pytest.raises(UserError, match=rf"^{first}: not a readable Arrow file"):
+        audit(saved, tmp_path / "out")
     shard.unlink()
     with pytest.raises(UserError, match="lists 1 Arrow files that are not there"):
         audit(saved, tmp_path / "out")
@@ -316,6 +320,20 @@ def test_hub_errors_name_the_param_and_the_fix(tmp_path, datasets_cache):
         with pytest.raises(UserError, match=pattern) as err:
             audit(source, tmp_path / "out", *extra)
         assert "\n" not in str(err.value) and not isinstance(err.value, ParamsError), err.value
+    (cached,) = (datasets_cache / "someone___chats").rglob("*.arrow")
+    cached.write_bytes(b"\x00" * 16 + cached.read_bytes()[16:])  # a damaged cache file
+    with pytest.raises(UserError, match=rf"^{cached}: not a readable Arrow file") as err:
+        audit("hf:someone/chats", tmp_path / "out", pinned)
+    assert "\n" not in str(err.value)
+    # What `datasets` itself raises on a damaged cache (found by the fuzz suite): one line naming the folder.
+    for exc in (OSError("Invalid IPC stream: negative continuation token"), ValueError("Keys mismatch: ...")):
+        error = hub_mod._user_error(
+            hub_mod.HubSpec("someone/chats"), exc, "audit.input=hf:someone/chats", datasets_cache
+        )
+        assert str(error).startswith("audit.input=hf:someone/chats: `datasets` cannot read it"), error
+        assert str(error).endswith(
+            f"delete {datasets_cache / 'someone___chats'} (its name in lower case) and run again with network"
+        )
     params = {  # params refused before anything is read
         "audit.hf_revision=main": "audit.hf_revision='main': hf:someone/chats needs a pinned commit",
         'audit.hf_split="train[:10%]"': "audit.hf_split='train[:10%]': expected a split name",

@@ -12,7 +12,8 @@ named `hf:ID split S row N`: `load_dataset(ID, split=S, revision=R)[N]`.
 Offline, `datasets` falls back to the latest cached version of a dataset whatever revision is asked for: the
 cache folder read is checked against the pinned commit, and another one is an error saying which it holds.
 Errors a user can fix are one-line UserErrors naming the id and the param: neither network nor cache, no such
-dataset (or no access), no such revision, no such split, several configurations, `datasets` not installed.
+dataset (or no access), no such revision, no such split, several configurations, a cache `datasets` cannot
+read (damaged files: the folder to delete), `datasets` not installed.
 """
 
 from __future__ import annotations
@@ -160,5 +161,12 @@ def _user_error(hub: HubSpec, exc: Exception, where: str, cache: object) -> User
         return UserError(
             f"{where}: the dataset has several configurations ({text}); the audit reads a dataset's default "
             "configuration only: save the one you want with save_to_disk and set audit.input to that folder"
+        )
+    if isinstance(exc, (OSError, ValueError)):  # pyarrow's errors are these too: the cached files cannot be read
+        owner, _, short = hub.dataset.rpartition("/")
+        folder = Path(str(cache)) / (f"{owner}___{short}" if owner else short)
+        return UserError(
+            f"{where}: `datasets` cannot read it ({name}: {text[:300]}); if its cache is damaged, delete {folder} "
+            "(its name in lower case) and run again with network"
         )
     return None

@@ -192,11 +192,14 @@ def _open_arrow(path: Path) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         if source.read(6) == b"ARROW1":
             source.seek(0)
             reader = pa.ipc.open_file(source)
-            return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
-        source.seek(0)
-        stream = pa.ipc.open_stream(source)
-        return stream.schema, iter(stream)
-    except _READ_ERRORS as exc:
+            schema, batches = reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+        else:
+            source.seek(0)
+            stream = pa.ipc.open_stream(source)
+            schema, batches = stream.schema, iter(stream)
+        schema.names  # noqa: B018 (decodes every column name: a damaged one is not UTF-8)
+        return schema, batches
+    except _READ_ERRORS as exc:  # UnicodeDecodeError is a ValueError
         raise UserError(f"{path}: not a readable Arrow file ({_one_line(exc)})") from None
 
 
