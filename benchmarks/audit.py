@@ -11,9 +11,16 @@ prompt_too_long rows. The identity check compares the kept rows and every reject
 default run with an exhaustive run over the same rows: the first --check-rows rows (both paths run on that
 subset), or all N with `--check full`.
 
+The formats comparison (`--formats`) writes the same readable rows (the cut-off lines cannot be written as
+tables) as parquet, as a `datasets.save_to_disk` folder, as a hub split in a `datasets` cache (built offline by
+`datasets`' parquet builder under the hub's names, read with HF_DATASETS_OFFLINE=1) and as parquet whose
+`messages` column holds JSON strings, and audits each on the default token path in its own process, side by
+side with the JSONL: rows/s and peak resident memory (the Arrow forms are memory-mapped, a chunk at a time).
+
     python benchmarks/audit.py                 # 1M conversations (goal: default token path < 30 s on 2 cores)
     python benchmarks/audit.py --rows 200000 --check-rows 20000
     python benchmarks/audit.py --rows 200000 --check full
+    python benchmarks/audit.py --formats-only  # 1M rows: JSONL vs parquet vs save_to_disk vs hub cache vs JSON strings
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -252,6 +261,158 @@ def naive(path: Path, limit: int, placeholders: set[str], out: Path) -> dict:
     return {"spike": round(spike, 3), **counts}
 
 
+# ---------------------------------------------------------------------------------------------- formats
+
+# Peak memory of one audit, split as the kernel counts it: anonymous (what the process holds) and file-backed
+# (pages of memory-mapped files: reclaimable page cache, counted in RSS while mapped), sampled every 50 ms.
+MEASURE = """
+import json, resource, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from dflash.audit.run import run_audit
+from dflash.core.loader import load_params
+peak = {"RssAnon": 0, "RssFile": 0, "VmHWM": 0}
+done = threading.Event()
+def sample():
+    while True:
+        for line in open("/proc/self/status"):
+            key, _, value = line.partition(":")
+            if key in peak:
+                peak[key] = max(peak[key], int(value.split()[0]))
+        if done.wait(0.05):
+            return
+params = load_params(sys.argv[1] + "/params.yaml", sys.argv[2:])
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # user + system seconds, every thread
+t0, c0 = time.perf_counter(), cpu()
+m = run_audit(params.audit, params.base)
+s, cpu_s = time.perf_counter() - t0, cpu() - c0
+done.set()
+sampler.join()
+print(json.dumps({"s": s, "cpu_s": cpu_s, "anon_mb": peak["RssAnon"] / 1024, "file_mb": peak["RssFile"] / 1024,
+                  "rss_mb": peak["VmHWM"] / 1024, "rows": m["num_rows"], "kept": m["num_kept"],
+                  "rejected": m["num_rejected"]}))
+"""
+
+
+def measure(source, out: Path, env: dict, *overrides: str) -> dict:
+    """One audit in its own process (its peak memory is its own): seconds, peak RSS, rows, kept, rejected."""
+    root = str(Path(__file__).resolve().parents[1])
+    args = [f"audit.input={source}", f"audit.out={out}", "audit.gates.rejected_frac.action=report", *overrides]
+    args += [f"audit.gates.{g}.action=report" for g in ("malformed_frac", "duplicate_prompt_frac")]
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, root, *args], env=env, capture_output=True, text=True, check=False
+    )
+    if proc.returncode:
+        raise SystemExit(f"audit of {source} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def write_tables(data: Path, tmp: Path, string_rows: int) -> dict[str, Path]:
+    """The readable rows of the JSONL as parquet, as parquet of JSON strings (the first `string_rows`) and as
+    a save_to_disk folder (via datasets, from that parquet)."""
+    import pyarrow.parquet as pq
+
+    from dflash.audit.records import MESSAGE
+
+    schema = pa.schema([("id", pa.int64()), ("messages", pa.list_(MESSAGE))])
+    parquet, strings = tmp / "rows.parquet", tmp / "strings.parquet"
+    with (
+        open(data, encoding="utf-8") as fh,
+        pq.ParquetWriter(parquet, schema) as writer,
+        pq.ParquetWriter(strings, pa.schema([("messages", pa.string())])) as text_writer,
+    ):
+        batch, written = [], 0
+        for line in [*fh, None]:
+            if line is not None:
+                try:
+                    batch.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # the cut-off lines: not rows a table can hold
+            if len(batch) == 50_000 or (line is None and batch):
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                texts = [json.dumps(r["messages"], ensure_ascii=False) for r in batch[: max(0, string_rows - written)]]
+                if texts:
+                    text_writer.write_table(pa.table({"messages": pa.array(texts, pa.string())}))
+                written += len(batch)
+                batch = []
+    import datasets
+
+    saved = tmp / "saved"
+    datasets.Dataset.from_parquet(str(parquet), cache_dir=str(tmp / "from-parquet")).save_to_disk(str(saved))
+    return {"parquet": parquet, "saved": saved, "strings": strings}
+
+
+def write_hub_cache(parquet: Path, cache: Path, dataset_id: str, revision: str) -> None:
+    """The `datasets` cache a hub load of a repo holding `parquet` leaves (names as the hub's: owner___name,
+    config default, hash = the commit), made offline by datasets' own parquet builder."""
+    import shutil
+
+    from datasets.naming import camelcase_to_snakecase
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    owner, name = dataset_id.split("/")
+    name = camelcase_to_snakecase(name)
+    staging = cache.parent / "hub-staging"
+    Parquet(
+        cache_dir=str(staging),
+        dataset_name=name,
+        config_id="default",
+        hash=revision,
+        data_files={"train": [str(parquet)]},
+    ).download_and_prepare()
+    cache.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(staging / name), str(cache / f"{owner}___{name}"))
+
+
+def formats(data: Path, tmp: Path, tok: str, n: int, string_rows: int, repeat: int) -> bool:
+    """Audit the same rows as JSONL, parquet, save_to_disk, a hub cache and JSON-string parquet; print side by side."""
+    t0 = time.perf_counter()
+    paths = write_tables(data, tmp, string_rows)
+    revision = "0" * 40
+    home = tmp / "hf"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(home), HF_HUB_OFFLINE="1")
+    write_hub_cache(paths["parquet"], home / "datasets", "bench/chats", revision)
+    print(f"wrote parquet, save_to_disk, hub cache and JSON-string forms in {time.perf_counter() - t0:.1f} s")
+    env["HF_DATASETS_OFFLINE"] = "1"
+    once = {"jsonl": (data,), f"parquet, JSON strings ({min(n, string_rows)} rows)": (paths["strings"],)}
+    compared = {
+        "parquet": (paths["parquet"],),
+        "save_to_disk": (paths["saved"],),
+        "hub cache (offline)": ("hf:bench/chats", f"audit.hf_revision={revision}"),
+    }
+    runs = [(name, spec) for name, spec in compared.items()]
+    order = []
+    for r in range(repeat):  # alternate the order round by round: a load change hits every form alike
+        order += runs if r % 2 == 0 else runs[::-1]
+    results: dict[str, list[dict]] = {}
+    for i, (name, (source, *extra)) in enumerate([*once.items(), *order]):
+        r = measure(source, tmp / f"fmt-{i}", env, tok, *extra)
+        results.setdefault(name, []).append(r)
+        print(
+            f"audit, default token path, {name:<34} {r['rows']:>8} rows in {r['s']:6.2f} s = {r['rows'] / r['s']:>9,.0f} "
+            f"rows/s, {r['cpu_s']:6.1f} CPU s = {r['rows'] / r['cpu_s']:>9,.0f} rows per CPU s; peak memory: {r['anon_mb']:,.0f} MB anonymous, {r['file_mb']:,.0f} MB mapped files, "
+            f"{r['rss_mb']:,.0f} MB RSS (kept {r['kept']}, rejected {r['rejected']})"
+        )
+
+    def rate(name: str, key: str = "s") -> float:  # the median round, per wall (s) or CPU (cpu_s) second
+        rates = sorted(r["rows"] / r[key] for r in results[name])
+        return rates[len(rates) // 2]
+
+    for key, unit in (("s", "rows/s"), ("cpu_s", "rows per CPU s")):
+        print(
+            f"median of {repeat} rounds: parquet {rate('parquet', key):,.0f} {unit}, save_to_disk "
+            f"{rate('save_to_disk', key):,.0f}, hub cache {rate('hub cache (offline)', key):,.0f}; save_to_disk / parquet "
+            f"{rate('save_to_disk', key) / rate('parquet', key):.3f}, hub cache / parquet "
+            f"{rate('hub cache (offline)', key) / rate('parquet', key):.3f}"
+        )
+    kept = {name: {r["kept"] for r in results[name]} for name in compared}
+    same = len(set().union(*kept.values())) == 1
+    print(f"same kept count in parquet, save_to_disk and the hub cache, every round: {same}")
+    return same
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="synthetic conversations (default 1M)")
@@ -261,6 +422,13 @@ def main() -> None:
         "--check", choices=("subset", "full"), default="subset", help="exhaustive run over all rows: full"
     )
     parser.add_argument("--check-rows", type=int, default=50_000, help="rows of the subset check (default 50K)")
+    parser.add_argument("--formats-only", action="store_true", help="only the formats comparison (see above)")
+    parser.add_argument(
+        "--string-rows", type=int, default=200_000, help="rows of the JSON-string parquet (default 200K)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds of parquet / save_to_disk / hub cache (default 3)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -272,6 +440,8 @@ def main() -> None:
         print(f"generated {args.rows} rows ({size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f} s")
         tok = f"audit.tokenizer={bench_tokenizer(tmp / 'tokenizer')}"
         n = args.rows
+        if args.formats_only:
+            sys.exit(0 if formats(data, tmp, tok, n, args.string_rows, args.repeat) else 1)
 
         m, fast_s = timed_audit(data, tmp / "default", tok)
         ts = m["token_sample"]
@@ -317,6 +487,7 @@ def main() -> None:
             print(
                 f"naive per-row loop (structural checks only): {n_naive} rows in {naive_s:.2f} s = {n_naive / naive_s:,.0f} rows/s ({counts})"
             )
+        same = formats(data, tmp, tok, n, args.string_rows, args.repeat) and same
         if not same:
             sys.exit(1)
 

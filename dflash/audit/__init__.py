@@ -1,8 +1,10 @@
 """Stage `audit`: raw conversations checked in seconds, before any GPU time.
 
   records.py   one row's RAW layout, row_ref (what a row number means), the Python reader for rows Arrow refuses
-  files.py     which files are inputs (extensions, .gz / .zst), opening them, skipped folder files
-  readers.py   files (jsonl / parquet) -> RAW chunks, malformed rows named FILE:line N / FILE row N
+  files.py     which files are inputs (extensions, .gz / .zst, save_to_disk folders), opening them, skipped files
+  hub.py       audit.input hf:DATASET_ID: the split's Arrow files in the `datasets` cache (pinned revision, offline)
+  readers.py   every input -> RAW chunks; JSONL here, malformed rows named FILE:line N
+  tables.py    parquet / Arrow files / save_to_disk folders / hub splits -> RAW chunks (FILE row N), JSON-string columns
   json_array.py  a top-level JSON array, element by element, resynchronising after a syntax error
   turns.py     ShareGPT -> OpenAI roles, tool calls, canonical per-turn JSON (vectorised)
   checks.py    the checks of one chunk and its kept rows
@@ -12,5 +14,5 @@
   report.py    audit.json, report.md, plots
   run.py       the stage: read, check, write, gates
 
-May import: dflash.core, dflash.drafter. No torch.
+May import: dflash.core, dflash.drafter; `datasets` lazily (hub.py only). No torch.
 """

@@ -8,8 +8,9 @@ Formats (one row = one conversation; which files are inputs: dflash/audit/files.
   pretty-printed over lines A-B (each of those lines: "looks like a pretty-printed JSON object
   spanning lines A-B"), bad UTF-8, a lone surrogate escape, nesting too deep for the JSON reader.
 - JSON array (`.json` starting with `[`): dflash/audit/json_array.py (`FILE element N (line L)`).
-- Parquet (`.parquet`): row number = 0-based row index in the file (`FILE row N`).
-A file with no rows (0 bytes, whitespace only, `[]`, a 0-row table) yields one empty chunk marked
+- Columnar inputs, parquet (`.parquet`), Arrow (`.arrow`), `datasets.save_to_disk` folders and a hub split
+  (`hf:ID`, dflash/audit/hub.py): dflash/audit/tables.py (`FILE row N`, 0-based; `hf:ID split S row N`).
+An input with no rows (0 bytes, whitespace only, `[]`, a 0-row table) yields one empty chunk marked
 `empty`; the first chunk lists the folder files that were skipped.
 What a row may hold, and the RAW layout every reader yields: dflash/audit/records.py.
 
@@ -21,9 +22,6 @@ other line (`null`, `1`, `[...]`, half an object...) goes to Python first: pyarr
 (SIGSEGV) on a leading `null`. A chunk that pyarrow refuses is bisected until the offending lines
 are found, and only those lines are read by Python (`python_rows`), so one bad line costs
 microseconds, not a Python pass over the chunk.
-
-Parquet columns whose nested types fit the RAW layout are conformed by Arrow (fields matched by
-name, missing ones null); other shapes are read row by row with `coerce_record`.
 
 dflash/audit/turns.py then turns a chunk into per-turn arrays.
 """
@@ -41,10 +39,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from dflash.audit.files import first_byte, input_kind, open_input, read_block, resolve_inputs, scan_inputs
+from dflash.audit.files import (
+    first_byte,
+    input_kind,
+    open_input,
+    read_block,
+    resolve_inputs,
+    saved_files,
+    scan_inputs,
+)
+from dflash.audit.hub import HubSpec, is_hub, load_split
 from dflash.audit.json_array import iter_json_array
 from dflash.audit.records import (
     PARSE_SCHEMA,
@@ -58,9 +64,10 @@ from dflash.audit.records import (
     too_deep,
     tools_json,
 )
+from dflash.audit.tables import arrow_rows, chunk_rows, iter_arrow, iter_parquet
 from dflash.core.errors import UserError
 
-__all__ = ["iter_chunks", "iter_json_array", "iter_jsonl", "iter_parquet", "prefetch", "resolve_inputs"]
+__all__ = ["count_rows", "iter_chunks", "iter_json_array", "iter_jsonl", "iter_parquet", "prefetch", "resolve_inputs"]
 _TOOLS_KEY = re.compile(rb'"tools"\s*:')
 _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
@@ -68,7 +75,23 @@ _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 # ------------------------------------------------------------------------------ input resolution
 
 
-def iter_chunks(spec: str, chunk_bytes: int) -> Iterator[Chunk]:
+def iter_chunks(spec: str, chunk_bytes: int, hub: HubSpec | None = None) -> Iterator[Chunk]:
+    """Every input's chunks. `spec`: audit.input; `hub`: the split, revision and columns of an `hf:` spec
+    (HubSpec.from_params; the train split, unpinned, when None)."""
+    if is_hub(spec):
+        hub = hub or HubSpec(spec[len("hf:") :])
+        split = load_split(hub)
+        chunks = iter_arrow(
+            list(split.files),
+            split.label,
+            "hf",
+            chunk_rows(chunk_bytes),
+            hub.columns,
+            "audit.hf_columns",
+            split.num_rows,
+        )
+        yield from _with_empty(chunks, split.label, "hf")
+        return
     files, skipped = scan_inputs(spec)
     if not files:
         resolve_inputs(spec)  # raises the UserError naming what was found
@@ -79,22 +102,57 @@ def iter_chunks(spec: str, chunk_bytes: int) -> Iterator[Chunk]:
             yield chunk
 
 
+def count_rows(spec: str, hub: HubSpec | None = None) -> int:
+    """Rows of the input, for the token sample's rate: parquet and Arrow metadata, a hub split's count, else
+    lines (a pretty-printed JSON array overestimates: the sample is then smaller; its real size is reported)."""
+    import pyarrow.parquet as pq
+
+    if is_hub(spec):
+        return load_split(hub or HubSpec(spec[len("hf:") :])).num_rows
+    total = 0
+    for path in resolve_inputs(spec):
+        kind = input_kind(path)
+        try:
+            if kind == "parquet":
+                total += pq.ParquetFile(path).metadata.num_rows
+                continue
+            if kind == "arrow":
+                total += arrow_rows(saved_files(path) if path.is_dir() else [path])
+                continue
+        except (OSError, pa.ArrowException, UserError):
+            continue  # the reader names the file
+        last = b"\n"
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 24):
+                total += block.count(b"\n")
+                last = block[-1:]
+        total += last != b"\n"
+    return total
+
+
 def _iter_file(path: Path, chunk_bytes: int) -> Iterator[Chunk]:
-    """One file's chunks; a file without any row yields one chunk marked `empty`."""
+    """One input's chunks; an input without any row yields one chunk marked `empty`."""
     kind = input_kind(path) or "jsonl"  # a file named explicitly is JSONL unless it says otherwise
     if kind == "parquet":
-        chunks = iter_parquet(path, chunk_rows=max(1000, chunk_bytes // 1024))
+        chunks = iter_parquet(path, chunk_rows(chunk_bytes))
+    elif kind == "arrow":
+        chunks = iter_arrow(saved_files(path) if path.is_dir() else [path], str(path), "arrow", chunk_rows(chunk_bytes))
     elif first_byte(path) == b"[" and kind == "json":
         chunks = iter_json_array(path, chunk_bytes)
     else:
         kind = "jsonl"
         chunks = iter_jsonl(path, chunk_bytes)
+    yield from _with_empty(chunks, str(path), kind)
+
+
+def _with_empty(chunks: Iterator[Chunk], label: str, kind: str) -> Iterator[Chunk]:
+    """The chunks, then one chunk marked `empty` when none held a row."""
     rows = 0
     for chunk in chunks:
         rows += chunk.table.num_rows + len(chunk.malformed)
         yield chunk
     if rows == 0:
-        yield Chunk(str(path), RAW_SCHEMA.empty_table(), kind=kind if kind != "json" else "json", empty=True)
+        yield Chunk(label, RAW_SCHEMA.empty_table(), kind=kind, empty=True)
 
 
 def prefetch(chunks: Iterator[Chunk], depth: int = 1) -> Iterator[Chunk]:
@@ -374,109 +432,3 @@ def _finish(table: pa.Table, c: _Lines, idx: np.ndarray) -> tuple[pa.Table, list
             table, tools, idx = table.filter(pa.array(~drop)), tools.filter(pa.array(~drop)), idx[~drop]
     table = pa.Table.from_arrays([pa.array(line_no[idx]), *table.columns, tools], schema=RAW_SCHEMA)
     return table, malformed
-
-
-# ------------------------------------------------------------------------------ Parquet
-
-
-def iter_parquet(path: Path, chunk_rows: int) -> Iterator[Chunk]:
-    import pyarrow.parquet as pq
-
-    file, base = str(path), 0
-    try:
-        pf = pq.ParquetFile(path)
-        schema = pf.schema_arrow
-    except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: a column name that is not UTF-8
-        raise UserError(f"{file}: not a readable parquet file ({_one_line(exc)})") from None
-    names = [n for n in ("messages", "conversations", "system", "tools") if n in schema.names]
-    if not {"messages", "conversations"} & set(names):
-        raise UserError(f"{file}: no `messages` or `conversations` column")
-    batches = pf.iter_batches(batch_size=chunk_rows, columns=names)
-    while True:
-        try:
-            batch = next(batches, None)
-        except (OSError, ValueError, pa.ArrowException) as exc:  # a corrupt page: the file cannot be read on
-            raise UserError(f"{file}: parquet data after row {base} cannot be read ({_one_line(exc)})") from None
-        if batch is None:
-            return
-        try:
-            yield _parquet_fast(batch, base, file)
-        except (TypeError, pa.ArrowInvalid):  # a nested shape Arrow cannot conform (or bad UTF-8): row by row
-            items, bad = _parquet_rows(batch, base, file)
-            chunk = python_rows(items, file, parsed=True, kind="parquet")
-            chunk.malformed = sorted(chunk.malformed + bad, key=lambda m: m.row)
-            yield chunk
-        base += batch.num_rows
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-def _parquet_rows(batch: pa.RecordBatch, base: int, file: str) -> tuple[list, list[Malformed]]:
-    """(row, value) of each row of a batch Python can read, and a malformed row for each it cannot
-    (a string that is not UTF-8)."""
-    try:
-        return [(base + i, r) for i, r in enumerate(batch.to_pylist())], []
-    except (UnicodeDecodeError, pa.ArrowException):
-        items, bad = [], []
-        for i in range(batch.num_rows):
-            try:
-                items.append((base + i, batch.slice(i, 1).to_pylist()[0]))
-            except (UnicodeDecodeError, pa.ArrowException) as exc:
-                bad.append(
-                    Malformed(base + i, f"{row_ref('parquet', file, base + i)}: bad UTF-8 in a string ({exc})", "")
-                )
-        return items, bad
-
-
-def _conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
-    """`arr` rebuilt with exactly the `target` type: struct fields matched by name (missing -> null),
-    lists re-wrapped, strings kept. TypeError when a value has another kind (e.g. content parts)."""
-    if pa.types.is_null(arr.type):
-        return pa.nulls(len(arr), target)
-    mask = arr.is_null() if arr.null_count else None
-    if pa.types.is_string(target):
-        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-            return arr.cast(pa.string())
-        raise TypeError(f"expected strings, got {arr.type}")
-    if pa.types.is_list(target):
-        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-            raise TypeError(f"expected a list, got {arr.type}")
-        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
-        offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))), pa.int32())  # zero-based: slices need it
-        values = _conform(arr.flatten(), target.value_type)
-        return pa.ListArray.from_arrays(offsets, values, type=target, mask=mask)
-    if pa.types.is_struct(target):
-        if not pa.types.is_struct(arr.type):
-            raise TypeError(f"expected an object, got {arr.type}")
-        have = {arr.type.field(i).name for i in range(arr.type.num_fields)}
-        children = [
-            _conform(arr.field(f.name), f.type) if f.name in have else pa.nulls(len(arr), f.type) for f in target
-        ]
-        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
-    raise TypeError(f"unsupported target type {target}")
-
-
-def _parquet_fast(batch: pa.RecordBatch, base: int, file: str) -> Chunk:
-    batch.validate(full=True)  # ArrowInvalid on a string that is not UTF-8 (parquet does not check)
-    n = batch.num_rows
-    columns = [
-        _conform(batch.column(f.name), f.type) if f.name in batch.schema.names else pa.nulls(n, f.type)
-        for f in PARSE_SCHEMA
-    ]
-    tools, malformed, drop = [None] * n, [], np.zeros(n, dtype=bool)
-    if "tools" in batch.schema.names:
-        col = batch.column("tools")
-        for i in np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False)).tolist():
-            try:
-                tools[i] = tools_json(col[i].as_py())
-            except RowError as exc:
-                malformed.append(
-                    Malformed(base + i, f"{row_ref('parquet', file, base + i)}: {exc}", excerpt(str(col[i].as_py())))
-                )
-                drop[i] = True
-    table = pa.Table.from_arrays(
-        [pa.array(np.arange(base, base + n, dtype=np.int64)), *columns, pa.array(tools, pa.string())], schema=RAW_SCHEMA
-    )
-    return Chunk(file, table.filter(pa.array(~drop)) if drop.any() else table, malformed, kind="parquet")

@@ -67,11 +67,14 @@ class RowError(ValueError):
     """One input row that cannot be read; the message says what is wrong (the caller adds file:line)."""
 
 
-KINDS = ("jsonl", "json", "parquet")  # JSONL (row = 1-based line), JSON array (row = 0-based element), parquet (row)
+# What a source_row means per reader: JSONL (1-based line), JSON array (0-based element), and 0-based row
+# indices for parquet and Arrow files, save_to_disk folders (the dataset's index) and hub splits (the split's).
+KINDS = ("jsonl", "json", "parquet", "arrow", "hf")
 
 
 def row_ref(kind: str, file: str, row: int, line: int | None = None) -> str:
-    """What a source_row means, spelled out: `FILE:line N`, `FILE element N (line L)` or `FILE row N`."""
+    """What a source_row means, spelled out: `FILE:line N`, `FILE element N (line L)`, or `FILE row N` for the
+    columnar kinds (FILE: a parquet or Arrow file, a save_to_disk folder, or `hf:ID split S`)."""
     if kind == "jsonl":
         return f"{file}:line {row}"
     if kind == "json":
@@ -219,14 +222,31 @@ def tools_json(value: Any) -> str | None:
     return text
 
 
-def coerce_record(obj: Any) -> dict:
+def json_column(value: Any, name: str) -> Any:
+    """A conversation stored as a JSON string (common in exported datasets) -> the parsed value; anything
+    else as it is. RowError naming the column (`name`) when the string is not JSON."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise RowError(f"{name}: a string that is not valid JSON: {exc.msg} (character {exc.pos})") from None
+    except RecursionError:
+        raise RowError(f"{name}: a JSON string {too_deep(value)}") from None
+
+
+def coerce_record(obj: Any, names: dict[str, str] | None = None) -> dict:
     """One parsed JSON row -> a dict of RAW_SCHEMA fields (without source_row). Raises RowError.
 
-    Only representation is fixed here (content parts, argument objects, tools as a string); missing
-    roles / contents are left as None for the vectorised checks, so both paths judge rows alike."""
+    Only representation is fixed here (content parts, argument objects, tools as a string, a conversation
+    held as a JSON string); missing roles / contents are left as None for the vectorised checks, so both
+    paths judge rows alike. `names`: the source's own name of a field (a renamed column), for the errors."""
     if not isinstance(obj, dict):
         raise RowError(f"row is not a JSON object (got {type(obj).__name__})")
-    messages, conversations = obj.get("messages"), obj.get("conversations")
+    names = names or {}
+    m_name, c_name = names.get("messages", "messages"), names.get("conversations", "conversations")
+    messages = json_column(obj.get("messages"), m_name)
+    conversations = None if messages is not None else json_column(obj.get("conversations"), c_name)
     out: dict[str, Any] = {
         "messages": None,
         "conversations": None,
@@ -235,10 +255,10 @@ def coerce_record(obj: Any) -> dict:
     }
     if messages is not None:
         if not isinstance(messages, list):
-            raise RowError(f"messages: expected a list, got {type(messages).__name__}")
+            raise RowError(f"{m_name}: expected a list, got {type(messages).__name__}")
         rows = []
         for i, m in enumerate(messages):
-            w = f"messages[{i}]"
+            w = f"{m_name}[{i}]"
             if m is None:
                 rows.append(None)
                 continue
@@ -262,21 +282,21 @@ def coerce_record(obj: Any) -> dict:
         out["messages"] = rows
     elif conversations is not None:
         if not isinstance(conversations, list):
-            raise RowError(f"conversations: expected a list, got {type(conversations).__name__}")
+            raise RowError(f"{c_name}: expected a list, got {type(conversations).__name__}")
         turns = []
         for i, t in enumerate(conversations):
             if t is not None and not isinstance(t, dict):
-                raise RowError(f"conversations[{i}]: expected an object, got {type(t).__name__}")
+                raise RowError(f"{c_name}[{i}]: expected an object, got {type(t).__name__}")
             turns.append(
                 None
                 if t is None
                 else {
-                    "from": _str(t.get("from"), f"conversations[{i}].from"),
-                    "value": _content(t.get("value"), f"conversations[{i}].value"),
+                    "from": _str(t.get("from"), f"{c_name}[{i}].from"),
+                    "value": _content(t.get("value"), f"{c_name}[{i}].value"),
                 }
             )
         out["conversations"] = turns
-        out["system"] = _str(obj.get("system"), "system")
+        out["system"] = _str(obj.get("system"), names.get("system", "system"))
     else:
         raise RowError("missing field: neither `messages` nor `conversations`")
     return out
@@ -294,9 +314,10 @@ def python_rows(
     parsed: bool = False,
     kind: str = "jsonl",
     lines: list[int] | None = None,
+    names: dict[str, str] | None = None,
 ) -> Chunk:
     """Read rows with Python (fallback path). items: (source_row, raw line or already-parsed object);
-    lines: for JSON arrays, the line each item starts on (details name it)."""
+    lines: for JSON arrays, the line each item starts on (details name it); names: see coerce_record."""
     rows, malformed, kept_lines = [], [], []
     for k, (row, raw) in enumerate(items):
         line = None if lines is None else lines[k]
@@ -313,7 +334,7 @@ def python_rows(
             malformed.append(Malformed(row, f"{ref}: {too_deep(raw)}", excerpt(raw)))
             continue
         try:
-            rec = coerce_record(obj)
+            rec = coerce_record(obj, names)
         except (RowError, RecursionError) as exc:
             why = str(exc) if isinstance(exc, RowError) else "nested too deep to read"
             malformed.append(Malformed(row, f"{ref}: {why}", excerpt(raw if not parsed else _dumps(obj))))

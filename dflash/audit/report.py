@@ -140,8 +140,16 @@ def render_report(m: dict, state: AuditState) -> str:
 
 
 def _input_notes(m: dict) -> list[str]:
-    """Files that held no rows, folder files that are not inputs, and regions that could not be read."""
+    """The hub split read, files that held no rows, folder files that are not inputs, and regions that could not be read."""
     out = []
+    if m.get("hub"):
+        h = m["hub"]
+        out += [
+            "",
+            f"Hub dataset `{h['dataset']}`, split `{h['split']}`, revision `{h['revision']}`, read from the datasets "
+            f"cache `{h['cache']}`; rows are named `hf:{h['dataset']} split {h['split']} row N` "
+            f"(`load_dataset(ID, split=..., revision=...)[N]`).",
+        ]
     if m.get("empty_files"):
         out += ["", f"Empty files (no rows): {', '.join(f'`{f}`' for f in m['empty_files'])}."]
     if m.get("num_skipped_files"):
@@ -150,7 +158,7 @@ def _input_notes(m: dict) -> list[str]:
         out += [
             "",
             f"Skipped {m['num_skipped_files']} files of the input folder that are not .jsonl / .ndjson / .json / "
-            f".parquet (.gz / .zst for the text formats): {names}.",
+            f".parquet / .arrow (.gz / .zst for the text formats) nor in a save_to_disk folder: {names}.",
         ]
     if m.get("num_unreadable_regions"):
         out += [

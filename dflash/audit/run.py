@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from dflash.audit.checks import audit_chunk
+from dflash.audit.hub import HubSpec, check_hub_params, is_hub, load_split
 from dflash.audit.readers import iter_chunks, prefetch, resolve_inputs
 from dflash.audit.report import write_outputs
 from dflash.audit.state import AuditState
@@ -89,6 +90,7 @@ AUDIT_RULES = {
 def validate(p: AuditParams) -> None:
     """ParamsError naming the key for an audit size or gate that cannot work."""
     check(p, "audit", AUDIT_RULES)
+    check_hub_params(p)
     check_gates(p.gates, "audit.gates")
 
 
@@ -106,7 +108,8 @@ def run_audit(p: AuditParams, base: BaseParams, tokenize_source: str = "generate
     kwargs = template_kwargs(base.enable_thinking, base.chat_template_kwargs)
     state = AuditState(p)
     options = ipc.IpcWriteOptions(compression="zstd")
-    files = resolve_inputs(p.input)
+    hub = HubSpec.from_params(p) if is_hub(p.input) else None
+    names = [hub.label] if hub else [str(f) for f in resolve_inputs(p.input)]
     with staged_folder(out) as staging:  # replaces `out` whole at the end; untouched if anything fails
         with (
             pa.OSFile(str(staging / CONVERSATIONS_FILE), "wb") as sink,
@@ -114,15 +117,15 @@ def run_audit(p: AuditParams, base: BaseParams, tokenize_source: str = "generate
             open(staging / "rejected.jsonl", "w", encoding="utf-8") as rejected,
         ):
             state.rejected_file = rejected
-            for chunk in prefetch(iter_chunks(p.input, p.chunk_bytes)):
+            for chunk in prefetch(iter_chunks(p.input, p.chunk_bytes, hub)):
                 state.files.add(chunk.file)
                 kept = audit_chunk(chunk, state, chat, kwargs)
                 if kept.num_rows:
                     writer.write_table(kept)
         if state.num_rows == 0:
-            names = ", ".join(str(f) for f in files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+            listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             raise UserError(
-                f"audit.input={p.input!r}: no rows in {names} (empty, or only blank lines / a 0-row table); "
+                f"audit.input={p.input!r}: no rows in {listed} (empty, or only blank lines / a 0-row table); "
                 f"nothing to audit. {out} was left as it was."
             )
         metrics = state.metrics(tokenizer=str(folder) if folder else None)
@@ -133,6 +136,14 @@ def run_audit(p: AuditParams, base: BaseParams, tokenize_source: str = "generate
         )  # None without a tokenizer (the plan then uses params)
         metrics["target_signature"] = target_signature(Path(base.target_dir) / "config.json")
         metrics["responses_from"] = tokenize_source
+        if hub:  # what was read, exactly: the cache folder of the pinned commit
+            split = load_split(hub)
+            metrics["hub"] = {
+                "dataset": hub.dataset,
+                "split": hub.split,
+                "revision": split.revision,
+                "cache": split.cache,
+            }
         # each gate compares the metric of its name
         metrics["gates"] = evaluate_gates(metrics, p.gates, GATE_FIXES, auto_actions(tokenize_source))
         metrics["failed_gates"] = failed_gates(metrics["gates"])

@@ -42,7 +42,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dflash.audit.counts import TokenCounter
-from dflash.audit.readers import resolve_inputs
+from dflash.audit.hub import HubSpec, is_hub
+from dflash.audit.readers import count_rows
 from dflash.audit.state import segment_sum
 from dflash.core.errors import UserError
 
@@ -102,28 +103,6 @@ def byte_lengths(arr: pa.Array) -> np.ndarray:
         norm = pc.utf8_normalize(arr.take(pa.array(wide)), "NFD")
         out[wide] = np.maximum(out[wide], pc.binary_length(norm).to_numpy(zero_copy_only=False))
     return out
-
-
-def estimate_rows(spec: str) -> int:
-    """Rows of the input, for the sample rate: parquet metadata, else lines (a pretty-printed JSON array
-    overestimates: the sample is then smaller; its real size is reported)."""
-    import pyarrow.parquet as pq
-
-    total = 0
-    for path in resolve_inputs(spec):
-        if path.suffix == ".parquet":
-            try:
-                total += pq.ParquetFile(path).metadata.num_rows
-            except (OSError, pa.ArrowException):
-                continue  # the reader names the file
-            continue
-        last = b"\n"
-        with open(path, "rb") as fh:
-            while block := fh.read(1 << 24):
-                total += block.count(b"\n")
-                last = block[-1:]
-        total += last != b"\n"
-    return total
 
 
 def _sample_keys(ids: list[str], rows: np.ndarray) -> np.ndarray:
@@ -191,7 +170,8 @@ class TokenPath:
             log.warning(
                 "audit: every row is rendered and tokenized: the byte bound needs a byte-level BPE (%s)", premise
             )
-        self.estimated_rows = 0 if self.exhaustive else estimate_rows(params.input)
+        hub = HubSpec.from_params(params) if is_hub(params.input) else None
+        self.estimated_rows = 0 if self.exhaustive else count_rows(params.input, hub)
         self.rate = 1.0 if self.exhaustive else min(1.0, params.token_sample_rows / max(self.estimated_rows, 1))
         self.threshold = np.uint64(min(int(self.rate * 2.0**64), 2**64 - 1))
         self.structures: dict[str, Structure] = {}

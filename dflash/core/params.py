@@ -237,7 +237,12 @@ class AuditGates:
 class AuditParams:
     """Stage `audit`: checks raw conversations and writes the normalized prompts generation completes."""
 
-    input: str  # raw conversations: a file, a folder (every .json/.jsonl/.parquet in it) or a glob
+    input: str  # raw conversations: a file, a folder (.json/.jsonl/.parquet/.arrow files, save_to_disk folders), a glob, or hf:DATASET_ID
+    hf_split: str  # hf: inputs: the split read (a name: train, test...)
+    hf_revision: str  # hf: inputs: the dataset commit read (40 hex characters, pinned so the stage is reproducible)
+    hf_columns: dict[
+        str, str
+    ]  # hf: inputs: the dataset's column holding messages / conversations / system / tools, where not named so
     out: str  # output folder: conversations.arrow, rejected.jsonl, audit_details.json, report.md, plots/
     tokenizer: str  # auto (the target's if present), target (required), none, or a folder with tokenizer.json
     max_prompt_tokens: int  # reject longer prompts (tokens, with the generation prompt; needs a tokenizer)

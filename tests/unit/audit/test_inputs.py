@@ -1,7 +1,7 @@
 """The audit's readers on bad or unusual input: every non-blank line / element / row becomes exactly one
 kept row or one rejection whose detail names file and line (or element / row) and what is wrong;
 nothing crashes (no segfault, assertion, RecursionError or encoding error), nothing is lost silently.
-Covers issue 14 items 1-4, 7, 8, 14 and empty inputs, BOMs and CRLF line endings."""
+Also empty inputs, BOMs and CRLF line endings."""
 
 from __future__ import annotations
 

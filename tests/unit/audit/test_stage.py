@@ -212,7 +212,7 @@ MALFORMED_EXPECT = {
     5: "messages[0].content: expected a string",
     6: "messages[0]: missing role",
     7: "not a JSON object",
-    9: "messages: expected a list",
+    9: "messages: a string that is not valid JSON",  # a conversation may be stored as a JSON string
     10: "tools: expected a list",
     11: "conversations[0]: missing value",
     12: "function_call value is not JSON",
