@@ -64,13 +64,14 @@ demo-hybrid: $(STAMP)
 	cp -r $(HYBRID_DIR)/reports/. $(HYBRID_REPORTS)/ && cp $(HYBRID_DIR)/dvc.lock $(HYBRID_REPORTS)/dvc.lock
 
 # Two pytest-xdist workers, one test file each at a time (a file's module fixtures, such as its vLLM engines, stay
-# on one worker); the integration files go first, so the longest work starts first (tests/conftest.py).
+# on one worker), in the order tests/conftest.py collects them: the longest integration files first.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
