@@ -230,7 +230,18 @@ def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_t
         if loss_target == "tokens":
             return torch.nn.functional.cross_entropy(hidden[v] @ rows.T, index[y[v]])
         norm = normaliser_share(v, slot_w)
-        return block_loss(hidden, y, v, lm_head, slot_w, norm, 4096, loss_target, target_hidden=final, anchors=a).loss
+        return block_loss(
+            hidden,
+            y,
+            v,
+            lm_head,
+            slot_w=slot_w,
+            normaliser=norm,
+            chunk_rows=4096,
+            loss_target=loss_target,
+            target_hidden=final,
+            anchors=a,
+        ).loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):

@@ -3,6 +3,7 @@
   data.py         training shards -> packed rows, per-document anchors, batches
   features.py     the target in-process: hooks keep only the feature layers and stop the forward there
   loss.py         decayed CE through the frozen lm_head in chunks (exact zero-row softmax), accuracy, tau_hat
+  micro.py        MicroBatch: one micro-step's rows, anchors, labels and valid flags on the drafter's device
   checkpoint.py   atomic config-hashed checkpoints (safetensors + weights-only state), provenance
   distributed.py  ranks (global vs local), devices, the global batch over any world size, collectives, checks
   parallel.py     the drafter's wrapper (train.parallel: ddp | fsdp = FSDP2), full checkpoint state, export copy

@@ -51,12 +51,7 @@ from dflash.core.params import Params
 from dflash.core.validate import check_train
 from dflash.drafter.geometry import build_drafter_config, config_dict
 from dflash.drafter.masks import build_masks
-from dflash.drafter.model import (
-    block_input_ids,
-    block_labels,
-    build_drafter,
-    count_parameters,
-)
+from dflash.drafter.model import block_input_ids, build_drafter, count_parameters
 from dflash.train import checkpoint, parallel
 from dflash.train import distributed as dist
 from dflash.train.data import (
@@ -72,6 +67,7 @@ from dflash.train.data import (
 from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
 from dflash.train.loss import LMHead, block_loss, normaliser_share, slot_weights, tau_hat
+from dflash.train.micro import MicroBatch
 
 log = logging.getLogger(__name__)
 
@@ -263,15 +259,9 @@ class Trainer:
     def compute_gradients(self, step: int) -> dict:
         """Forward + backward of every micro-step of `step`; leaves the (all-reduced) gradients in the drafter."""
         c, dev = self.cfg, self.device
-        micro = self.micro_batches(step)
-        prepared = []
-        for index, b in micro:
-            ids, mask, docs = b.input_ids.to(dev), b.loss_mask.to(dev), b.doc_ids.to(dev)
-            anchors = b.anchors.to(dev)
-            labels, valid = block_labels(ids, mask, anchors, c.block_size, docs)
-            prepared.append((index, b, ids, docs, anchors, labels, valid))
-        local_w = sum(normaliser_share(p[6], self.slot_w, self.tp.position_weighting) for p in prepared)
-        fed = [sum(p[1].num_tokens for p in prepared), sum(docs_digest(p[1].documents) for p in prepared)]
+        prepared = [MicroBatch.on_device(slot, b, c.block_size, dev) for slot, b in self.micro_batches(step)]
+        local_w = sum(normaliser_share(m.valid, self.slot_w, self.tp.position_weighting) for m in prepared)
+        fed = [sum(m.batch.num_tokens for m in prepared), sum(docs_digest(m.batch.documents) for m in prepared)]
         stats = torch.tensor([local_w, *fed], dtype=torch.float64, device=dev)
         global_w, tokens, digest = self._reduce(stats).tolist()
         normaliser = global_w / self.world  # DDP averages gradients over processes: undo it
@@ -280,38 +270,46 @@ class Trainer:
         correct = torch.zeros(c.block_size, dtype=torch.long, device=dev)
         counted = torch.zeros_like(correct)
         autocast = torch.autocast(dev.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
-        for n, (index, b, ids, docs, anchors, labels, valid) in enumerate(prepared):
+        for n, m in enumerate(prepared):
+            b = m.batch
             feats = self.features(b.input_ids, b.doc_starts, b.doc_lengths)  # (S, K*H) [, final (S, H)]
             final = None
             if isinstance(feats, tuple):
                 feats, final = feats[0], feats[1].to(dev, non_blocking=True)
             feats = feats.to(dev, non_blocking=True)
             if self.tp.feature_noise > 0:
-                feats = self._noise(feats, step, index, b.row_tokens)
+                feats = self._noise(feats, step, m.slot, b.row_tokens)
             with torch.no_grad():
-                block_embeds = self.embed(block_input_ids(ids, anchors, c.block_size, c.mask_token_id))  # (N*B, H)
+                block_ids = block_input_ids(m.input_ids, m.anchors, c.block_size, c.mask_token_id)
+                block_embeds = self.embed(block_ids)  # (N*B, H)
             sync = self.ddp is None or n == len(prepared) - 1
             with nullcontext() if sync else self.ddp.no_sync():
                 # masks are built outside the (optionally compiled) drafter: one compiled BlockMask builder
                 masks = build_masks(
-                    c.layer_types, anchors, ids.numel(), c.block_size, c.sliding_window, docs, self.backend
+                    c.layer_types,
+                    m.anchors,
+                    m.input_ids.numel(),
+                    c.block_size,
+                    c.sliding_window,
+                    m.doc_ids,
+                    self.backend,
                 )
                 with autocast:
                     hidden = self.forward(
-                        feats, block_embeds, anchors, docs, b.position_ids.to(dev), self.backend, masks
+                        feats, block_embeds, m.anchors, m.doc_ids, b.position_ids.to(dev), self.backend, masks
                     )
                 out = block_loss(
                     hidden,
-                    labels,
-                    valid,
+                    m.labels,
+                    m.valid,
                     self.head,
-                    self.slot_w,
-                    normaliser,
-                    self.tp.logits_chunk_blocks * c.block_size,
-                    self.tp.loss_target,
-                    self.tp.position_weighting,
-                    final,
-                    anchors,
+                    slot_w=self.slot_w,
+                    normaliser=normaliser,
+                    chunk_rows=self.tp.logits_chunk_blocks * c.block_size,
+                    loss_target=self.tp.loss_target,
+                    weighting=self.tp.position_weighting,
+                    target_hidden=final,
+                    anchors=m.anchors,
                 )
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
