@@ -25,7 +25,8 @@ import torch
 from dflash.core.errors import UserError
 from dflash.core.io import atomic_path, read_json, write_json
 from dflash.drafter.geometry import FULL, SLIDING, DrafterConfig, validate_config
-from dflash.drafter.model import DFlashDrafter, build_drafter
+from dflash.drafter.kinds import build_drafter
+from dflash.drafter.model import DFlashDrafter
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
