@@ -194,6 +194,37 @@ def small_drafter_config(target_config, layers: int):
     return build_drafter_config(dp, target_config)
 
 
+def kind_drafter_params(kind: str, mask_token_id: int = 511, **changes):
+    """params.yaml's drafter section as `kind`, small: 2 layers of 2 x 32 heads (1 KV head), FFN 96, block 4,
+    features from target layers 0 and 2, Markov / selector rank 8, top-K 5. `changes` override any field; the
+    kind fields go by their own names (markov_rank, conv_kernel_size, conv_group_size, selector_rank, selector_top_k)."""
+    import dataclasses
+
+    from dflash.core.loader import load_params
+
+    d = load_params(REPO / "params.yaml").drafter
+    dspark = {"markov_rank": changes.pop("markov_rank", 8)}
+    keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    dflash2 = {"selector_rank": 8, "selector_top_k": 5} | {k: changes.pop(k) for k in keys if k in changes}
+    geometry = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 96,
+        "block_size": 4,
+        "target_layer_ids": [0, 2],
+    }
+    return dataclasses.replace(
+        d,
+        **{**geometry, **changes},
+        kind=kind,
+        mask_token_id=mask_token_id,
+        dspark=dataclasses.replace(d.dspark, **dspark),
+        dflash2=dataclasses.replace(d.dflash2, **dflash2),
+    )
+
+
 def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
     completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough

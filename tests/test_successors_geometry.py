@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import small_qwen3_config
+from conftest import kind_drafter_params, small_qwen3_config
 
 from dflash.core.errors import ParamsError
 from dflash.core.loader import load_params
@@ -19,18 +19,8 @@ OVERLAY = "params/gpu-qwen3.6-27b.yaml"
 
 
 def _drafter(kind: str, **changes):
-    """params.yaml's drafter section over the small test target (vocab 512, hidden 64), as `kind`."""
-    p = load_params(REPO / "params.yaml")
-    d = p.drafter
-    dspark = dataclasses.replace(d.dspark, markov_rank=changes.pop("markov_rank", 8))
-    dflash2 = dataclasses.replace(
-        d.dflash2,
-        **{k: changes.pop(k) for k in ("conv_kernel_size", "conv_group_size", "selector_top_k") if k in changes},
-        selector_rank=changes.pop("selector_rank", 8),
-    )
-    return dataclasses.replace(
-        d, kind=kind, mask_token_id=511, target_layer_ids=[0, 2], dspark=dspark, dflash2=dflash2, **changes
-    )
+    """A small drafter of `kind` over the small test target (vocab 512, hidden 64); block 8 unless changed."""
+    return kind_drafter_params(kind, **{"num_hidden_layers": 1, "block_size": 8, **changes})
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,9 @@ from dflash.core.loader import as_dict
 from dflash.core.params import Params
 from dflash.core.validate import check_train
 from dflash.drafter.geometry import build_drafter_config, config_dict
+from dflash.drafter.kinds import build_drafter
 from dflash.drafter.masks import build_masks
-from dflash.drafter.model import block_input_ids, build_drafter, count_parameters
+from dflash.drafter.model import block_input_ids, count_parameters
 from dflash.train import checkpoint, parallel
 from dflash.train import distributed as dist
 from dflash.train.data import (
@@ -66,8 +67,9 @@ from dflash.train.data import (
 )
 from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
-from dflash.train.loss import LMHead, block_loss, normaliser_share, slot_weights, tau_hat
-from dflash.train.micro import MicroBatch
+from dflash.train.loss import LMHead, normaliser_share, slot_weights, tau_hat
+from dflash.train.loss_dspark import zero_rows_tied
+from dflash.train.micro import MicroBatch, micro_loss
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +154,9 @@ class Trainer:
                 f"({self.rows_per_step} = batch_size x {self.accum} micro-steps x {self.world} processes)"
             )
         self.seed = base.seed
+        idle_losses = {f"{kind}_loss" for kind in ("dspark", "dflash2") if kind != self.cfg.kind}  # other kinds'
         key = {
-            "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL},
+            "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL and k not in idle_losses},
             "rows_per_step": self.rows_per_step,
             "drafter": config_dict(self.cfg),
             "seed": base.seed,
@@ -184,7 +187,8 @@ class Trainer:
             self.cfg.target_layer_ids,
             self.cfg.num_target_layers,
             tp.target_batch_tokens,
-            final=tp.loss_target != "tokens",  # the target's own predictions need its final hidden states
+            # the target's own predictions need its final hidden states (dspark / dflash2: always)
+            final=tp.loss_target != "tokens" or self.cfg.kind != "dflash",
         )
         embed = target.get_input_embeddings()
         self.embed = embed if self.target_device == self.device else copy.deepcopy(embed).to(self.device)
@@ -200,6 +204,10 @@ class Trainer:
         # 4. drafter (fp32 master weights), optimizer, schedule
         torch.manual_seed(base.seed)
         self.model = build_drafter(self.cfg, device=self.device, dtype=torch.float32)
+        if self.cfg.kind == "dspark" and not zero_rows_tied(self.head, self.model.markov_head.markov_w2.weight):
+            raise RuntimeError(
+                "DSpark markov_w2: the rows of the lm_head's zero rows differ (the loss needs them tied)"
+            )
         module = parallel.wrap_drafter(self.model, tp.parallel, self.device, self.world, self.dtype)  # ddp | fsdp
         self.ddp = module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else None
         self.forward = torch.compile(module, dynamic=True) if tp.compile else module
@@ -280,7 +288,7 @@ class Trainer:
             if self.tp.feature_noise > 0:
                 feats = self._noise(feats, step, m.slot, b.row_tokens)
             with torch.no_grad():
-                block_ids = block_input_ids(m.input_ids, m.anchors, c.block_size, c.mask_token_id)
+                block_ids = block_input_ids(m.input_ids, m.anchors, c.query_slots, c.mask_token_id)
                 block_embeds = self.embed(block_ids)  # (N*B, H)
             sync = self.ddp is None or n == len(prepared) - 1
             with nullcontext() if sync else self.ddp.no_sync():
@@ -289,7 +297,7 @@ class Trainer:
                     c.layer_types,
                     m.anchors,
                     m.input_ids.numel(),
-                    c.block_size,
+                    c.query_slots,
                     c.sliding_window,
                     m.doc_ids,
                     self.backend,
@@ -298,19 +306,8 @@ class Trainer:
                     hidden = self.forward(
                         feats, block_embeds, m.anchors, m.doc_ids, b.position_ids.to(dev), self.backend, masks
                     )
-                out = block_loss(
-                    hidden,
-                    m.labels,
-                    m.valid,
-                    self.head,
-                    slot_w=self.slot_w,
-                    normaliser=normaliser,
-                    chunk_rows=self.tp.logits_chunk_blocks * c.block_size,
-                    loss_target=self.tp.loss_target,
-                    weighting=self.tp.position_weighting,
-                    target_hidden=final,
-                    anchors=m.anchors,
-                )
+                chunk = self.tp.logits_chunk_blocks * c.block_size
+                out = micro_loss(self.model, hidden, m, self.head, self.slot_w, normaliser, chunk, self.tp, final)
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
             correct += out.correct
