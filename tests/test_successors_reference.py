@@ -1,0 +1,104 @@
+"""The reference evaluator for every drafter kind and temperature: greedy speculative decoding reproduces the
+target's greedy output whatever the drafter (DSpark's Markov walk, DFlash2's selector walk), rejection sampling
+draws from the target's distribution, and the expected acceptance along a path is the sampled acceptance's mean.
+(At temperature 0 with kind dflash the reference equals vLLM exactly: tests/test_eval.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import kind_drafter_params, small_qwen3_config
+
+from dflash.drafter.geometry import build_drafter_config
+from dflash.drafter.kinds import build_drafter
+from dflash.eval.reference import _Sampler, greedy_decode, reference_decode, summarize
+
+VOCAB = 8  # small enough to estimate a distribution over it from a thousand draws
+
+
+def _target(vocab: int = VOCAB):
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_qwen3_config(4, vocab=vocab, max_position_embeddings=256)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.08)  # moderately peaked distributions: sampling has something to show
+    return model
+
+
+def _drafter(kind: str, target, seed: int = 1):
+    d = kind_drafter_params(kind, VOCAB - 1, num_hidden_layers=1, intermediate_size=64, markov_rank=4)
+    d = dataclasses.replace(d, dflash2=dataclasses.replace(d.dflash2, selector_rank=4, selector_top_k=4))
+    cfg = build_drafter_config(d, target.config)
+    torch.manual_seed(seed)
+    model = build_drafter(cfg).eval()
+    with torch.no_grad():  # untrained heads start neutral (W2 = 0, successor codebook 0): make them matter
+        for p_ in model.parameters():
+            p_.add_(torch.randn_like(p_) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2"])
+def test_greedy_speculation_reproduces_the_targets_greedy_output(kind):
+    target = _target(64)
+    drafter = _drafter(kind, target)
+    prompts = [[3, 9, 4, 1], [7, 7, 2], [5, 1, 8, 12, 2, 9]]
+    results = [reference_decode(target, drafter, p, 24, mode="recompute") for p in prompts]
+    assert [r.tokens for r in results] == [greedy_decode(target, p, 24) for p in prompts]
+    s = summarize(results, 4)
+    assert s["num_drafts"] > 0 and "expected_tau" not in s  # greedy: no expectation column
+
+
+def test_rejection_sampling_emits_the_targets_distribution():
+    """One drafted position: whatever q is, the emitted token is distributed as p (the speculative sampling
+    theorem), and the acceptance rate is sum_x min(p, q)."""
+    g = torch.Generator().manual_seed(0)
+    p_logits = torch.randn(2, 6, generator=g)
+    q_logits = torch.randn(1, 6, generator=g)
+    sampler = _Sampler(1.0, 0)
+    counts, accepted, n = torch.zeros(6), 0, 8000
+    for _ in range(n):
+        d = sampler.choose(q_logits[0], 0)
+        k, token, expected = sampler.verify([d], q_logits, p_logits)
+        counts[d if k == 1 else token] += 1  # the token committed at the drafted position
+        accepted += k
+    p, q = torch.softmax(p_logits[0].double(), -1), torch.softmax(q_logits[0].double(), -1)
+    assert (counts.double() / n - p).abs().max() < 0.025  # the draft's own q is far from p here:
+    assert (p - q).abs().max() > 0.1  # a sampler that kept the drafts would fail the line above
+    assert accepted / n == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.025)
+    assert expected == pytest.approx([float(torch.minimum(p, q).sum())])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2"])
+def test_sampled_speculation_draws_from_the_target_and_expects_what_it_accepts(kind):
+    """At temperature 1 the first two output tokens follow the target's own sampling distribution (the second
+    passes through a draft, its acceptance and the residual draw), and the expected acceptance along the drawn
+    paths agrees with the sampled acceptance."""
+    target, prompt = _target(), [3, 6, 4, 1]
+    drafter = _drafter(kind, target)
+    with torch.no_grad():
+        first = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        second = torch.stack(
+            [torch.softmax(target(torch.tensor([[*prompt, t]])).logits[0, -1].double(), -1) for t in range(VOCAB)]
+        )
+    joint = first[:, None] * second  # P(x1, x2)
+    n = 1000
+    seen = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    results = []
+    for seed in range(n):
+        r = reference_decode(target, drafter, prompt, 2, mode="recompute", temperature=1.0, seed=seed)
+        seen[r.tokens[0], r.tokens[1]] += 1
+        results.append(r)
+    tv = 0.5 * (seen.sum(0) / n - joint.sum(0)).abs().sum()  # the second token: it went through the rejection
+    assert tv < 0.08, f"total variation {float(tv):.3f} from the target's own distribution"
+    assert 0.5 * (seen.sum(1) / n - first).abs().sum() < 0.08
+    again = reference_decode(target, drafter, prompt, 6, mode="recompute", temperature=1.0, seed=5)
+    assert again == reference_decode(target, drafter, prompt, 6, mode="recompute", temperature=1.0, seed=5)
+    s = summarize(results, 4)
+    assert s["num_drafts"] == n and 0 < s["num_accepted_tokens_per_pos"][0] < n
+    # the expectation of the first position's acceptance over the same paths (it conditions on the drafted path)
+    assert s["expected_acceptance_per_position"][0] == pytest.approx(s["acceptance_per_position"][0], abs=0.05)
+    assert s["expected_tau"] == pytest.approx(s["tau"], abs=0.1)
