@@ -1,10 +1,10 @@
 """DSpark and DFlash2 trained by the train stage's own Trainer (CPU): the loss falls, the drafter learns its
-drafts, the export is the kind's vLLM format and loads back, and DSpark's tied zero-row W2 rows stay tied.
+drafts (the target's argmax, as tests/test_train.py's target losses: chance ~1/300), the export is the kind's vLLM format and loads back, and DSpark's tied zero-row W2 rows stay tied.
 
 The target and data follow tests/test_train.py's recipe in small: a random Qwen3 (vocab 512, hidden 64, 4 layers,
 lm_head rows 300..511 zeroed, so the exact zero-row softmax is on the training path), documents of random prompt
 tokens (loss 0) then a fixed token cycle the drafter can learn (loss 1) ending with token 305 (a zero lm_head row:
-a label DSpark must give its own W2 row).
+a data label: DSpark keeps its W2 row apart).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def _train(setup, out, *extra: str) -> dict:
         "train.max_tokens_per_row=128",
         "train.pack_window=64",
         "train.num_anchors=6",
-        "train.epochs=3",
+        "train.epochs=4",
+        "train.loss_target=target_argmax",  # the random target's argmax is what both kinds' heads learn
         "train.lr=3e-3",
         "train.warmup_ratio=0.1",
         "train.logits_chunk_blocks=8",
@@ -90,9 +91,15 @@ def _train(setup, out, *extra: str) -> dict:
 def test_dspark_trains_and_exports_its_vllm_format(setup, tmp_path):
     from safetensors.torch import load_file
 
-    summary = _train(setup, tmp_path / "out", "drafter.kind=dspark")
-    assert summary["completed"] and summary["final_loss"] < 0.6 * summary["first_loss"], summary
-    assert summary["final_tau_hat"] > 1.5  # it drafts the cycle (teacher-forced accuracy of the Markov-corrected draft)
+    # data tokens as the CE label (END, a zero lm_head row, is one: its W2 row must be its own), CE at weight 1
+    # so the drafter learns the cycle beside the L1 pull toward the random target's distribution
+    summary = _train(
+        setup, tmp_path / "out", "drafter.kind=dspark", "train.loss_target=tokens", "train.dspark_loss.ce=1.0"
+    )
+    # (the confidence BCE against a soft label keeps a floor: its label's entropy)
+    assert summary["completed"] and summary["final_loss"] < 0.8 * summary["first_loss"], summary
+    # the Markov-corrected draft's teacher-forced accuracy against the data (chance ~1/48)
+    assert summary["final_accuracy_by_position"][0] > 0.1, summary
     folder = tmp_path / "out/drafter"
     raw = json.loads((folder / "config.json").read_text())
     assert raw["architectures"] == ["Qwen3DSparkModel"] and raw["block_size"] == 3  # drafter.block_size 4 - 1
@@ -100,15 +107,16 @@ def test_dspark_trains_and_exports_its_vllm_format(setup, tmp_path):
     model, cfg = load_drafter(folder)
     assert cfg.kind == "dspark" and cfg.query_slots == 3 and model.confidence_head is not None
     w2 = load_file(str(folder / "model.safetensors"))["markov_head.markov_w2.weight"]
-    tied = [t for t in range(ZERO_FROM, VOCAB) if t not in (ZERO_FROM, END)]  # END is a label: its own row
+    # the zero lm_head rows that are no label share one W2 row; END, a label, learned its own
+    tied = [t for t in range(ZERO_FROM, VOCAB) if t not in (ZERO_FROM, END)]
     assert torch.equal(w2[tied], w2[tied[:1]].expand(len(tied), -1))
-    assert not torch.equal(w2[END], w2[tied[0]]) and w2[:ZERO_FROM].abs().sum() > 0  # both learned
+    assert not torch.equal(w2[END], w2[tied[0]]) and w2[:ZERO_FROM].abs().sum() > 0
 
 
 def test_dflash2_trains_and_exports_its_vllm_format(setup, tmp_path):
     summary = _train(setup, tmp_path / "out", "drafter.kind=dflash2")
-    assert summary["completed"] and summary["final_loss"] < 0.6 * summary["first_loss"], summary
-    assert summary["final_tau_hat"] > 1.5  # the selector's teacher-forced picks
+    assert summary["completed"] and summary["final_loss"] < 0.7 * summary["first_loss"], summary
+    assert summary["final_accuracy_by_position"][0] > 0.1, summary  # the selector's teacher-forced picks
     folder = tmp_path / "out/drafter"
     raw = json.loads((folder / "config.json").read_text())
     assert raw["architectures"] == ["DFlash2DraftModel"] and raw["block_size"] == 4

@@ -68,7 +68,7 @@ from dflash.train.data import (
 from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
 from dflash.train.loss import LMHead, normaliser_share, slot_weights, tau_hat
-from dflash.train.loss_dspark import zero_rows_tied
+from dflash.train.loss_dspark import explicit_rows, supervised_tokens, zero_rows_tied
 from dflash.train.micro import MicroBatch, micro_loss
 
 log = logging.getLogger(__name__)
@@ -204,10 +204,11 @@ class Trainer:
         # 4. drafter (fp32 master weights), optimizer, schedule
         torch.manual_seed(base.seed)
         self.model = build_drafter(self.cfg, device=self.device, dtype=torch.float32)
-        if self.cfg.kind == "dspark" and not zero_rows_tied(self.head, self.model.markov_head.markov_w2.weight):
-            raise RuntimeError(
-                "DSpark markov_w2: the rows of the lm_head's zero rows differ (the loss needs them tied)"
-            )
+        self.loss_head = self.head  # DSpark: zero lm_head rows that are labels get their own W2 row (loss_dspark.py)
+        if self.cfg.kind == "dspark" and self.head.num_zero:
+            self.loss_head = explicit_rows(self.head, supervised_tokens(self.index.paths, self.cfg.vocab_size))
+            if not zero_rows_tied(self.loss_head, self.model.markov_head.markov_w2.weight):
+                raise RuntimeError("DSpark markov_w2: the W2 rows of the zero lm_head rows differ (the loss ties them)")
         module = parallel.wrap_drafter(self.model, tp.parallel, self.device, self.world, self.dtype)  # ddp | fsdp
         self.ddp = module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else None
         self.forward = torch.compile(module, dynamic=True) if tp.compile else module
@@ -307,7 +308,7 @@ class Trainer:
                         feats, block_embeds, m.anchors, m.doc_ids, b.position_ids.to(dev), self.backend, masks
                     )
                 chunk = self.tp.logits_chunk_blocks * c.block_size
-                out = micro_loss(self.model, hidden, m, self.head, self.slot_w, normaliser, chunk, self.tp, final)
+                out = micro_loss(self.model, hidden, m, self.loss_head, self.slot_w, normaliser, chunk, self.tp, final)
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
             correct += out.correct
