@@ -62,7 +62,8 @@ def test_eval_stage_measures_a_dspark_drafter_by_the_reference(tiny_target, tmp_
             "eval.max_tokens=12",
             "eval.engines=[dflash]",
             "eval.reference_temperatures=[0.0, 1.0]",
-            "~eval.prompt_sets",
+            "~eval.prompt_sets",  # the held-out split only
+            "++eval.prompt_sets={}",
         ],
     )
     from transformers import AutoConfig

@@ -99,6 +99,7 @@ def test_sampled_speculation_draws_from_the_target_and_expects_what_it_accepts(k
     assert again == reference_decode(target, drafter, prompt, 6, mode="recompute", temperature=1.0, seed=5)
     s = summarize(results, 4)
     assert s["num_drafts"] == n and 0 < s["num_accepted_tokens_per_pos"][0] < n
-    # the expectation of the first position's acceptance over the same paths (it conditions on the drafted path)
-    assert s["expected_acceptance_per_position"][0] == pytest.approx(s["acceptance_per_position"][0], abs=0.05)
-    assert s["expected_tau"] == pytest.approx(s["tau"], abs=0.1)
+    # the expected acceptance along the drawn paths estimates the same quantities, per position and in total
+    for k in range(3):
+        assert s["expected_acceptance_per_position"][k] == pytest.approx(s["acceptance_per_position"][k], abs=0.04)
+    assert s["expected_tau"] == pytest.approx(s["tau"], abs=0.06)

@@ -13,9 +13,11 @@ from the proposal's distribution q = softmax(logits / T) (dflash: each slot inde
 walk's logits along the drawn path; dflash2: the walk's K edge scores); draft k is accepted with probability
 min(1, p_k(d_k) / q_k(d_k)) against the target's p_k = softmax(its logits / T); the first rejection draws the
 replacement from norm(max(p_k - q_k, 0)); a fully accepted block draws the bonus from p. Besides the sampled
-counts, every cycle records the exact expected acceptance along its drawn path: alpha_k = sum_x min(p_k, q_k)
-at each drafted position and sum_k prod_{j <= k} alpha_j accepted tokens, a lower-variance estimate of tau
-(`expected_tau` in summarize).
+counts, every cycle records the exact expected acceptance along its drawn path: position k is reached with
+probability prod_{j<k} a_j, a_j = min(1, p_j(d_j) / q_j(d_j)) the acceptance probability of the drawn draft j, and
+accepted there with probability alpha_k = sum_x min(p_k(x), q_k(x)) (the draw at k averaged out), so the cycle
+expects sum_k prod_{j<k} a_j alpha_k accepted tokens: an unbiased, lower-variance estimate of the same tau
+(`expected_tau` in summarize; the uniform acceptance draws no longer add noise).
 
 It is the independent check of what the serving engine measures: the same prompts, the same output
 budget and stop tokens, the same counting (one "draft" per verification cycle; position k accepted when
@@ -67,7 +69,7 @@ class ReferenceResult:
     drafts: int  # verification cycles that carried a draft
     accepted_per_pos: list[int]  # [B-1]: cycles whose first k+1 drafted tokens were all accepted
     finish_reason: str  # "stop" | "length"
-    expected_per_pos: list[float] | None = None  # T > 0: sum over cycles of prod_{j<=k} alpha_j (module docstring)
+    expected_per_pos: list[float] | None = None  # T > 0: sum over cycles of prod_{j<k} a_j alpha_k (module docstring)
 
     @property
     def accepted(self) -> int:
@@ -126,8 +128,12 @@ class _Sampler:
         """Rejection sampling of drafts (N,) drawn from softmax(q_logits / T) against p_logits (N+1, V) ->
         (accepted count, the next token, the expected accepted tokens per position along this path)."""
         q, p = self.probs(q_logits), self.probs(p_logits)
-        alpha = torch.minimum(p[: len(drafts)], q).sum(dim=-1)
-        expected = torch.cumprod(alpha, dim=0).tolist()
+        n = len(drafts)
+        alpha = torch.minimum(p[:n], q).sum(dim=-1)  # acceptance probability at each position, its draw averaged
+        rows, cols = torch.arange(n), torch.tensor(drafts)
+        drawn = (p[rows, cols] / q[rows, cols]).clamp(max=1)  # the acceptance probability of each drawn draft
+        reach = torch.cat([torch.ones(1, dtype=drawn.dtype), torch.cumprod(drawn, dim=0)[:-1]])
+        expected = (reach * alpha).tolist()
         for k, d in enumerate(drafts):
             if self.uniform() * float(q[k, d]) <= float(p[k, d]):  # accept with probability min(1, p / q)
                 continue
