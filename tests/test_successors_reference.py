@@ -71,6 +71,30 @@ def test_rejection_sampling_emits_the_targets_distribution():
     assert expected == pytest.approx([float(torch.minimum(p, q).sum())])
 
 
+def test_expected_acceptance_is_exact_when_the_target_depends_on_the_drafted_prefix():
+    """Two drafted positions, the target's distribution at the second one depending on the first draft (as it
+    does in decoding): over every drawn path (d0, d1) weighted by its probability, the expected accepted tokens
+    verify reports equal the exact probabilities of accepting position 0 and positions 0 and 1. (The product of
+    the per-position sums of min(p, q) along the path is off here by more than 0.05.)"""
+    g = torch.Generator().manual_seed(3)
+    v = 4
+    q_logits = torch.randn(2, v, generator=g) * 2
+    p0, p2 = torch.randn(v, generator=g) * 2, torch.randn(v, generator=g)
+    p1_given = torch.randn(v, v, generator=g) * 3  # the target's logits at position 1 after each first draft
+    sampler = _Sampler(1.0, 0)
+    q = sampler.probs(q_logits)
+    mean, exact = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    for d0 in range(v):
+        p = sampler.probs(torch.stack([p0, p1_given[d0], p2]))
+        a0 = min(1.0, float(p[0, d0] / q[0, d0]))
+        for d1 in range(v):
+            weight = float(q[0, d0] * q[1, d1])
+            _, _, expected = sampler.verify([d0, d1], q_logits, torch.stack([p0, p1_given[d0], p2]))
+            mean += weight * torch.tensor(expected, dtype=torch.float64)
+            exact += weight * torch.tensor([a0, a0 * min(1.0, float(p[1, d1] / q[1, d1]))], dtype=torch.float64)
+    assert mean.tolist() == pytest.approx(exact.tolist(), abs=1e-12)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2"])
 def test_sampled_speculation_draws_from_the_target_and_expects_what_it_accepts(kind):
