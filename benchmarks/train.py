@@ -303,7 +303,7 @@ def _step_figures(ctx, opt, labels, valid, head, w, chunk: int) -> dict:
         opt.zero_grad(set_to_none=True)
         with autocast:
             hidden = module(*inputs)
-        out = block_loss(hidden, labels, valid, head, w, 1.0, chunk)
+        out = block_loss(hidden, labels, valid, head, slot_w=w, normaliser=1.0, chunk_rows=chunk)
         out.loss.backward()
         opt.step()
 

@@ -150,3 +150,27 @@ def train_data(tmp_path_factory) -> Path:
     write_shard(folder / "shard-00000.arrow", docs[:40], "a")
     write_shard(folder / "shard-00001.arrow", docs[40:], "b")
     return folder
+
+
+@pytest.fixture(scope="module")
+def hybrid_and_drafter():
+    """A small random Qwen3-Next hybrid target, 4 prompts and a 1-layer drafter memorised on two of them (full
+    accepts there, rejections on the other two): (target, drafter, prompts, hits)."""
+    import random
+
+    import torch
+    from transformers import Qwen3NextForCausalLM
+
+    from dflash.eval.reference import greedy_decode
+    from tests.helpers import overfit_drafter, small_drafter_config, small_hybrid_config
+
+    torch.manual_seed(0)
+    tc = small_hybrid_config()
+    target = Qwen3NextForCausalLM(tc).eval()
+    cfg = small_drafter_config(tc, layers=1)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(500) for _ in range(rng.randint(4, 12))] for _ in range(4)]
+    sequences = [(torch.tensor(p + greedy_decode(target, p, 40)), len(p)) for p in prompts]
+    # Memorised on two prompts only: full accepts there, rejections (restores) on the other two.
+    drafter, hits = overfit_drafter(cfg, target, sequences[:2], steps=100, lr=1e-2)
+    return target, drafter, prompts, hits

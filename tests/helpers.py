@@ -168,6 +168,37 @@ def small_drafter_config(target_config, layers: int):
     return build_drafter_config(dp, target_config)
 
 
+def kind_drafter_params(kind: str, mask_token_id: int = 511, **changes):
+    """params.yaml's drafter section as `kind`, small: 2 layers of 2 x 32 heads (1 KV head), FFN 96, block 4,
+    features from target layers 0 and 2, Markov / selector rank 8, top-K 5. `changes` override any field; the
+    kind fields go by their own names (markov_rank, conv_kernel_size, conv_group_size, selector_rank, selector_top_k)."""
+    import dataclasses
+
+    from dflash.core.loader import load_params
+
+    d = load_params(REPO / "params.yaml").drafter
+    dspark = {"markov_rank": changes.pop("markov_rank", 8)}
+    keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    dflash2 = {"selector_rank": 8, "selector_top_k": 5} | {k: changes.pop(k) for k in keys if k in changes}
+    geometry = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 96,
+        "block_size": 4,
+        "target_layer_ids": [0, 2],
+    }
+    return dataclasses.replace(
+        d,
+        **{**geometry, **changes},
+        kind=kind,
+        mask_token_id=mask_token_id,
+        dspark=dataclasses.replace(d.dspark, **dspark),
+        dflash2=dataclasses.replace(d.dflash2, **dflash2),
+    )
+
+
 def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
     completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough
@@ -204,7 +235,18 @@ def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_t
         if loss_target == "tokens":
             return torch.nn.functional.cross_entropy(hidden[v] @ rows.T, index[y[v]])
         norm = normaliser_share(v, slot_w)
-        return block_loss(hidden, y, v, lm_head, slot_w, norm, 4096, loss_target, target_hidden=final, anchors=a).loss
+        return block_loss(
+            hidden,
+            y,
+            v,
+            lm_head,
+            slot_w=slot_w,
+            normaliser=norm,
+            chunk_rows=4096,
+            loss_target=loss_target,
+            target_hidden=final,
+            anchors=a,
+        ).loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
@@ -354,7 +396,7 @@ def write_eval_shard(path, samples):
 
 
 GPU_CHECK_SCRIPT = REPO / "benchmarks/gpu_check.sh"
-GPU_CHECK_STEPS = ("setup", "tests", "flex", "mfu", "fla")  # the steps benchmarks/gpu_check.sh reports
+GPU_CHECK_STEPS = ("setup", "tests", "flex", "mfu", "fla", "serve")  # the steps benchmarks/gpu_check.sh reports
 
 
 def run_gpu_check(out: Path, *args: str, **env: str):
@@ -491,3 +533,42 @@ def audit_stage_reads_cache_or_names_the_id(tmp_path: Path, env: dict) -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert last.startswith("error: audit.input=hf:someone/Unknown: not in the datasets cache"), last
+
+
+# ------------------------------------------------------------------------------------------ reference sampling
+
+SAMPLING_VOCAB = (
+    8  # the reference-sampling tests' vocabulary: small enough to estimate a distribution over it from a thousand draws
+)
+
+
+def sampling_target(vocab: int = SAMPLING_VOCAB):
+    """A 4-layer random Qwen3 target over `vocab` tokens with moderately peaked next-token distributions."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(small_qwen3_config(4, vocab=vocab, max_position_embeddings=256)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.08)  # moderately peaked distributions: sampling has something to show
+    return model
+
+
+def sampling_drafter(kind: str, target, seed: int = 1):
+    """A 1-layer untrained drafter of `kind` for `sampling_target`, its weights perturbed so every head matters."""
+    import dataclasses
+
+    import torch
+
+    from dflash.drafter.geometry import build_drafter_config
+    from dflash.drafter.kinds import build_drafter
+
+    d = kind_drafter_params(kind, SAMPLING_VOCAB - 1, num_hidden_layers=1, intermediate_size=64, markov_rank=4)
+    d = dataclasses.replace(d, dflash2=dataclasses.replace(d.dflash2, selector_rank=4, selector_top_k=4))
+    cfg = build_drafter_config(d, target.config)
+    torch.manual_seed(seed)
+    model = build_drafter(cfg).eval()
+    with torch.no_grad():  # untrained heads start neutral (W2 = 0, successor codebook 0): make them matter
+        for p_ in model.parameters():
+            p_.add_(torch.randn_like(p_) * 0.3)
+    return model

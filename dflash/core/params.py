@@ -72,10 +72,35 @@ class TargetParams:
 
 
 @dataclass(frozen=True)
+class DSparkParams:
+    """drafter.kind dspark: the heads DSpark adds to the DFlash backbone (dflash/drafter/dspark.py)."""
+
+    markov_rank: int  # r of the Markov head (W1, W2: V x r each, 2 x V x r parameters; DSpark paper: 256)
+    confidence_head: (
+        bool  # train and export the acceptance-confidence head (vLLM reads it only with adaptive verification)
+    )
+
+
+@dataclass(frozen=True)
+class DFlash2Params:
+    """drafter.kind dflash2: the grouped causal convs and the candidate selector DFlash2 adds to DFlash."""
+
+    conv_kernel_size: int  # taps of the grouped causal convs around each attention and MLP sublayer (speculators: 2)
+    conv_group_size: (
+        int  # channels sharing one predicted tap coefficient; must divide the hidden size (speculators: 16)
+    )
+    selector_rank: int  # r of the candidate selector (two V x r codebooks + an r x H projection; speculators: 256)
+    selector_top_k: int  # candidates per slot the selector ranks, from the lm_head's top-K (vLLM / speculators: 16)
+
+
+@dataclass(frozen=True)
 class DrafterParams:
     """The drafter's OWN geometry. Hidden size and vocabulary come from the target (enforced);
     nothing else is copied from it (the 27B regeneration case's bug: head_dim / heads / KV heads taken from the target)."""
 
+    kind: Literal[
+        "dflash", "dspark", "dflash2"
+    ]  # dflash: one parallel block; dspark: + sequential Markov head + confidence head; dflash2: + grouped convs + candidate selector
     num_hidden_layers: int  # drafter decoder layers (paper: 5)
     num_attention_heads: int  # the drafter's own query heads (Qwen3.6-27B drafter: 32)
     num_key_value_heads: int  # the drafter's own KV heads (Qwen3.6-27B drafter: 8)
@@ -90,6 +115,8 @@ class DrafterParams:
     mask_token_id: int  # an unused embedding row of the target (Qwen3: 151669; Qwen3.5/3.6: 248070)
     target_layer_ids: list[int]  # target layers (0-based outputs) feeding the drafter; [] = default rule
     num_target_features: int  # K for the default rule: K ids evenly spaced from 1 to n-3
+    dspark: DSparkParams  # drafter.kind dspark: Markov rank, confidence head on/off
+    dflash2: DFlash2Params  # drafter.kind dflash2: conv taps and group size, selector rank and top-K
 
 
 @dataclass(frozen=True)
@@ -283,9 +310,10 @@ class EvalParams:
         str, PromptSet
     ]  # more named sets beside the held-out split ("heldout"), each with its thinking mode
     max_tokens: int  # output budget per prompt, the same for every engine and the reference
-    temperature: float  # 0 = greedy (spec output must equal plain output); > 0 samples (the reference stays greedy)
+    temperature: float  # vLLM engines: 0 = greedy (spec output must equal plain output); > 0 samples (reference: reference_temperatures)
     engines: list[EvalEngine]  # engine configurations, one vLLM engine each: dflash (required), untrained, ngram, none
-    reference: bool  # also run the PyTorch reference evaluator (transformers target + our drafter, greedy)
+    reference: bool  # also run the PyTorch reference evaluator (transformers target + our drafter)
+    reference_temperatures: list[float]  # temperatures the reference decodes at (0 = greedy; > 0 = rejection sampling)
     reference_mode: ReferenceMode  # reference target: cache (K/V cropped, Gated DeltaNet state restored after a rejection) or full recompute
     reference_device: str  # torch device of the reference evaluator; "auto" = cuda when present, else cpu
     ngram_num_speculative_tokens: int  # tokens the n-gram baseline proposes per step (0 = block_size - 1)
@@ -337,6 +365,22 @@ class TokenizeParams:
 
 
 @dataclass(frozen=True)
+class DSparkLossParams:
+    """drafter.kind dspark: the weights of the three terms of its loss (the DSpark paper's 0.1 / 0.9 / 1.0)."""
+
+    ce: float  # cross-entropy of the Markov-corrected draft against the slot's label (train.loss_target)
+    l1: float  # L1 distance between the drafter's and the target's distributions (2 x total variation)
+    confidence: float  # BCE of the confidence head against 1 - TV, the acceptance probability it predicts
+
+
+@dataclass(frozen=True)
+class DFlash2LossParams:
+    """drafter.kind dflash2: the weight of the candidate selector's loss beside the lm_head loss."""
+
+    selector: float  # top-K cross-entropy of the selector's edge scores, the target's argmax as label
+
+
+@dataclass(frozen=True)
 class TrainParams:
     """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train/loop.py).
     Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
@@ -367,6 +411,8 @@ class TrainParams:
         "decay", "dpace"
     ]  # slot weights: decay = exp(-(k-1)/loss_gamma) (paper); dpace = D-PACE confidence weights (arXiv 2605.18810)
     loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
+    dspark_loss: DSparkLossParams  # drafter.kind dspark: weights of its CE, L1 and confidence terms
+    dflash2_loss: DFlash2LossParams  # drafter.kind dflash2: weight of the selector's top-K loss
     logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
     feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)
     attention: Literal["auto", "sdpa", "flex"]  # drafter attention backend; auto = flex on CUDA, sdpa on CPU

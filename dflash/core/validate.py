@@ -215,6 +215,13 @@ def check_eval(params: Params) -> None:
         raise ParamsError(
             f"eval.prompt_lookup_max: must be >= eval.prompt_lookup_min {e.prompt_lookup_min}, got {e.prompt_lookup_max}"
         )
+    if e.reference and not e.reference_temperatures:
+        raise ParamsError("eval.reference_temperatures: must hold at least one temperature when eval.reference is on")
+    for i, temp in enumerate(e.reference_temperatures):
+        if not temp >= 0:
+            raise ParamsError(f"eval.reference_temperatures[{i}]: must be >= 0, got {temp}")
+    if len(set(e.reference_temperatures)) != len(e.reference_temperatures):
+        raise ParamsError(f"eval.reference_temperatures: {e.reference_temperatures} has duplicates")
 
 
 def check_train(params: Params) -> None:
@@ -232,6 +239,19 @@ def check_train(params: Params) -> None:
             f"train.max_length: {t.max_length} + drafter.block_size {d.block_size} exceeds "
             f"drafter.max_position_embeddings {d.max_position_embeddings}"
         )
+    if d.kind != "dflash" and t.position_weighting != "decay":
+        raise ParamsError(
+            f"train.position_weighting: {t.position_weighting} is defined for drafter.kind dflash only; "
+            f"{d.kind} weighs its slots by decay (exp(-(k-1)/train.loss_gamma), as its paper does)"
+        )
+    if d.kind != "dflash" and t.parallel == "fsdp":
+        raise ParamsError(
+            f"train.parallel: fsdp shards the drafter's weights between forward passes, and {d.kind}'s loss reads its "
+            "heads outside the forward; use ddp"
+        )
+    weights = {"dspark": ("dspark_loss", t.dspark_loss), "dflash2": ("dflash2_loss", t.dflash2_loss)}.get(d.kind)
+    if weights:
+        check(weights[1], f"train.{weights[0]}", dict.fromkeys(vars(weights[1]), at_least(0)))
 
 
 def check_plan(params: Params) -> None:

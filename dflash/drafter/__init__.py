@@ -6,6 +6,9 @@
   model.py      DFlashDrafter (training forward), block inputs and labels, target feature concat
   session.py    DraftSession: cached context K/V and one drafter pass per block (inference)
   export.py     z-lab native checkpoint save / load (config.json + body-only safetensors)
+  dspark.py     DSparkDrafter: Markov head + confidence head on the DFlash backbone, the Markov walk
+  dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
+  kinds.py      build_drafter for every drafter.kind
 
 May import: dflash.core. geometry.py imports no torch (the plan stage uses it).
 """

@@ -13,6 +13,16 @@ vLLM adds 1 itself. Serve: speculative_config={"method": "dflash", "model": DIR,
 "num_speculative_tokens": block_size - 1}. vLLM treats sliding_attention layers as causal inside the
 block and full_attention layers as bidirectional, which is what we train; mixed layer types need
 VLLM_USE_V2_MODEL_RUNNER=1 there.
+
+The successor kinds (docs/design/successors.md "Export") keep that body and add their own tensors:
+  dflash2  architectures ["DFlash2DraftModel"] (served as method "dflash"); dflash_config adds conv_kernel_size,
+           conv_group_size, selector_rank, selector_top_k; tensors layers.{i}.{attention,mlp}_conv.{base_kernel,
+           kernel_projection.weight}, candidate_selector.{predecessor,successor}_codebook, .hidden_projection.weight
+  dspark   architectures ["Qwen3DSparkModel"] (method "dspark"); vLLM reads its keys at the top level: block_size
+           (its slots: our block_size - 1), mask_token_id, target_layer_ids, markov_rank, enable_confidence_head,
+           confidence_head_with_markov (always written: vLLM's default differs from the trainers'),
+           sample_from_anchor; tensors markov_head.markov_w{1,2}.weight, confidence_head.proj.{weight,bias}
+Serve every kind with num_speculative_tokens = block_size - 1 (speculative_config()).
 """
 
 from __future__ import annotations
@@ -24,17 +34,30 @@ import torch
 
 from dflash.core.errors import UserError
 from dflash.core.io import atomic_path, read_json, write_json
-from dflash.drafter.geometry import FULL, SLIDING, DrafterConfig, validate_config
-from dflash.drafter.model import DFlashDrafter, build_drafter
+from dflash.drafter.geometry import DFLASH2, DSPARK, FULL, SLIDING, DrafterConfig, validate_config
+from dflash.drafter.kinds import build_drafter
+from dflash.drafter.model import DFlashDrafter
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
-_JSON_KEYS = {"target_layer_ids": "dflash_config.target_layer_ids", "mask_token_id": "dflash_config.mask_token_id"}
+ARCHITECTURES = {"dflash": ARCHITECTURE, DFLASH2: "DFlash2DraftModel", DSPARK: "Qwen3DSparkModel"}
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+_JSON_KEYS = {
+    "target_layer_ids": "dflash_config.target_layer_ids",
+    "mask_token_id": "dflash_config.mask_token_id",
+    **{f"dflash2.{k}": f"dflash_config.{k}" for k in _DFLASH2_KEYS},
+}
+_DSPARK_JSON_KEYS = {  # DSpark's keys are top-level; its block_size is ours - 1 (the validator names ours)
+    "target_layer_ids": "target_layer_ids",
+    "mask_token_id": "mask_token_id",
+    "dspark.markov_rank": "markov_rank",
+}
 
 
 def body_keys(config: DrafterConfig) -> list[str]:
-    """Every tensor name the checkpoint holds, in the spelling of docs/design/checkpoint-serving.md."""
+    """Every tensor name the checkpoint holds, in the spelling of docs/design/checkpoint-serving.md (and, for the
+    successor kinds, of vLLM's qwen3_dspark.py / qwen3_dflash2.py)."""
     keys = []
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."
@@ -42,13 +65,24 @@ def body_keys(config: DrafterConfig) -> list[str]:
         keys += [f"{p}self_attn.{n}_norm.weight" for n in ("q", "k")]
         keys += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
         keys += [f"{p}{n}_layernorm.weight" for n in ("input", "post_attention")]
-    return keys + ["fc.weight", "hidden_norm.weight", "norm.weight"]
+        if config.kind == DFLASH2:
+            keys += [
+                f"{p}{c}_conv.{n}" for c in ("attention", "mlp") for n in ("base_kernel", "kernel_projection.weight")
+            ]
+    keys += ["fc.weight", "hidden_norm.weight", "norm.weight"]
+    if config.kind == DSPARK:
+        keys += ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+        keys += ["confidence_head.proj.weight", "confidence_head.proj.bias"] if config.confidence_head else []
+    if config.kind == DFLASH2:
+        keys += [f"candidate_selector.{n}_codebook" for n in ("predecessor", "successor")]
+        keys += ["candidate_selector.hidden_projection.weight"]
+    return keys
 
 
 def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
     """config.json contents."""
-    return {
-        "architectures": [ARCHITECTURE],
+    out = {
+        "architectures": [ARCHITECTURES[config.kind]],
         "model_type": "qwen3",
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -76,6 +110,20 @@ def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
         "num_target_layers": config.num_target_layers,
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
     }
+    if config.kind == DFLASH2:
+        out["dflash_config"].update({k: getattr(config, k) for k in _DFLASH2_KEYS})
+    if config.kind == DSPARK:  # top-level keys (vLLM keeps a DSpark config as transformers parses it)
+        del out["dflash_config"]
+        out.update(
+            block_size=config.query_slots,  # vLLM: num_speculative_tokens = its block_size = our block_size - 1
+            mask_token_id=config.mask_token_id,
+            target_layer_ids=list(config.target_layer_ids),
+            markov_rank=config.markov_rank,
+            enable_confidence_head=config.confidence_head,
+            confidence_head_with_markov=True,
+            sample_from_anchor=True,
+        )
+    return out
 
 
 def save_drafter(model: DFlashDrafter, config: DrafterConfig, out_dir: str | Path) -> Path:
@@ -85,7 +133,7 @@ def save_drafter(model: DFlashDrafter, config: DrafterConfig, out_dir: str | Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    assert sorted(state) == sorted(body_keys(config)), "drafter state_dict drifted from the z-lab key set"
+    assert sorted(state) == sorted(body_keys(config)), "drafter state_dict drifted from the exported key set"
     with atomic_path(out / WEIGHTS) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     write_json(out / CONFIG, hf_config(config, model.fc.weight.dtype))
@@ -96,9 +144,18 @@ def read_config(folder: str | Path) -> DrafterConfig:
     """Parse an exported config.json (also z-lab's own checkpoints) into a DrafterConfig, unvalidated."""
     path = Path(folder) / CONFIG
     raw = read_json(path)
-    if ARCHITECTURE not in (raw.get("architectures") or []):
-        raise UserError(f"{path}: architectures {raw.get('architectures')} is not [{ARCHITECTURE!r}]")
+    kinds = [k for k, arch in ARCHITECTURES.items() if arch in (raw.get("architectures") or [])]
+    if len(kinds) != 1:
+        names = ", ".join(repr(a) for a in ARCHITECTURES.values())
+        raise UserError(f"{path}: architectures {raw.get('architectures')} is not one of [{names}]")
+    kind = kinds[0]
     dflash = raw.get("dflash_config") or {}
+    if kind == DSPARK:  # top-level keys; its block_size counts its slots (ours - 1)
+        dflash = {k: raw.get(k) for k in ("mask_token_id", "target_layer_ids")}
+        if raw.get("block_size") is not None:
+            dflash["block_size"] = int(raw["block_size"]) + 1
+        if raw.get("sample_from_anchor", True) is not True:
+            raise UserError(f"{path}: sample_from_anchor: only true (drafting from the anchor) is supported")
 
     def need(key: str, value: Any) -> Any:
         if value is None:
@@ -124,11 +181,40 @@ def read_config(folder: str | Path) -> DrafterConfig:
         rope_theta=float(need("rope_theta", rope_theta)),
         rms_norm_eps=float(need("rms_norm_eps", raw.get("rms_norm_eps"))),
         max_position_embeddings=int(need("max_position_embeddings", raw.get("max_position_embeddings"))),
-        block_size=int(need("block_size", raw.get("block_size", dflash.get("block_size")))),
-        mask_token_id=int(need("dflash_config.mask_token_id", dflash.get("mask_token_id"))),
-        target_layer_ids=tuple(need("dflash_config.target_layer_ids", dflash.get("target_layer_ids"))),
+        block_size=int(
+            need(
+                "block_size",
+                dflash.get("block_size") if kind == DSPARK else raw.get("block_size", dflash.get("block_size")),
+            )
+        ),
+        mask_token_id=int(need(_key(kind, "mask_token_id"), dflash.get("mask_token_id"))),
+        target_layer_ids=tuple(need(_key(kind, "target_layer_ids"), dflash.get("target_layer_ids"))),
         num_target_layers=int(need("num_target_layers", raw.get("num_target_layers"))),
+        kind=kind,
+        **_kind_fields(kind, raw, need, path),
     )
+
+
+def _key(kind: str, name: str) -> str:
+    return name if kind == DSPARK else f"dflash_config.{name}"
+
+
+def _kind_fields(kind: str, raw: dict, need: Any, path: Path) -> dict[str, Any]:
+    """The successor kind's DrafterConfig fields from its config.json."""
+    if kind == DSPARK:
+        with_markov = raw.get("confidence_head_with_markov", False)  # vLLM's default when the key is absent
+        if raw.get("enable_confidence_head") and with_markov is not True:
+            raise UserError(
+                f"{path}: confidence_head_with_markov: only true is supported (the head reads [h ; W1[prev]])"
+            )
+        return {
+            "markov_rank": int(need("markov_rank", raw.get("markov_rank"))),
+            "confidence_head": bool(raw.get("enable_confidence_head", False)),
+        }
+    if kind == DFLASH2:
+        dflash = raw.get("dflash_config") or {}
+        return {k: int(need(f"dflash_config.{k}", dflash.get(k))) for k in _DFLASH2_KEYS}
+    return {}
 
 
 def load_drafter(
@@ -144,7 +230,8 @@ def load_drafter(
 
     folder = Path(folder)
     config = read_config(folder)
-    validate_config(config, target_config, tokenizer, prefix=f"{folder / CONFIG}: ", keys=_JSON_KEYS)
+    keys = _DSPARK_JSON_KEYS if config.kind == DSPARK else _JSON_KEYS
+    validate_config(config, target_config, tokenizer, prefix=f"{folder / CONFIG}: ", keys=keys)
     state = load_file(str(folder / WEIGHTS), device=str(device))
     expected = set(body_keys(config))
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)

@@ -43,22 +43,19 @@ from dflash.drafter.masks import build_masks
 
 
 class DFlashDrafter(nn.Module):
-    """Trainable body only: `layers`, `fc`, `hidden_norm`, `norm` (state_dict == the exported checkpoint)."""
+    """Trainable body only: `layers`, `fc`, `hidden_norm`, `norm` (state_dict == the exported checkpoint).
+    The successor kinds subclass it (dflash/drafter/dspark.py, dflash2.py: their own layers via make_layer, their
+    heads beside the body)."""
+
+    def make_layer(self, c: DrafterConfig) -> nn.Module:
+        return DecoderLayer(
+            c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps
+        )
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
         c = self.config = config
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                c.hidden_size,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-                c.intermediate_size,
-                c.rms_norm_eps,
-            )
-            for _ in range(c.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(self.make_layer(c) for _ in range(c.num_hidden_layers))
         self.fc = nn.Linear(c.num_target_features * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -89,12 +86,13 @@ class DFlashDrafter(nn.Module):
         backend: str = "sdpa",
         masks: dict[str, object] | None = None,
     ) -> torch.Tensor:
-        """Training forward over all N blocks of one packed row -> (N*B, H) hidden after `norm`.
+        """Training forward over all N blocks of one packed row -> (N*B, H) hidden after `norm` (B: the kind's
+        query_slots, block_size except for DSpark).
 
         `masks` (from masks.build_masks with the same anchors / doc_ids) may be passed to build them once.
         """
         c = self.config
-        S, B = target_hidden.shape[0], c.block_size
+        S, B = target_hidden.shape[0], c.query_slots
         assert block_embeds.shape == (anchors.numel() * B, c.hidden_size), "block_embeds: expected (N*B, H)"
         if position_ids is None:
             position_ids = torch.arange(S, device=target_hidden.device)
@@ -162,7 +160,10 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def build_drafter(config: DrafterConfig, device: str | torch.device = "cpu", dtype=torch.float32) -> DFlashDrafter:
-    """Construct on `device` ("meta" allocates nothing: parameter counting for the planner)."""
+    """Construct on `device` ("meta" allocates nothing: parameter counting for the planner). DFlash only: every
+    kind is built by dflash.drafter.kinds.build_drafter."""
+    if config.kind != "dflash":
+        raise ValueError(f"drafter.kind {config.kind}: build it with dflash.drafter.kinds.build_drafter")
     with torch.device(device):
         model = DFlashDrafter(config)
     return model.to(dtype=dtype)

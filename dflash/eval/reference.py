@@ -1,5 +1,23 @@
-"""PyTorch reference evaluator: DFlash speculative decoding at temperature 0 with the transformers target
-and our drafter (`dflash.drafter.session.DraftSession`), docs/design/inference.md. No vLLM here.
+"""PyTorch reference evaluator: speculative decoding with the transformers target and our drafter
+(`dflash.drafter.session.DraftSession`), docs/design/inference.md, for every drafter.kind and any temperature.
+No vLLM here.
+
+Proposals, as vLLM 0.32 drafts each kind (docs/design/successors.md): dflash the argmax of every slot (one
+parallel pass); dspark the sequential Markov walk over its B-1 slots (dflash/drafter/dspark.py markov_walk);
+dflash2 the greedy walk over each slot's lm_head top-K with the candidate selector's edge scores
+(dflash/drafter/dflash2.py selector_walk). Confidence-gated adaptive verification stays off, as vLLM's default
+(vLLM admits drafts against profiled GPU step costs, which a reference cannot replay).
+
+Temperature T > 0: speculative rejection sampling with draws from one seeded generator per prompt. Drafts come
+from the proposal's distribution q = softmax(logits / T) (dflash: each slot independently; dspark: the Markov
+walk's logits along the drawn path; dflash2: the walk's K edge scores); draft k is accepted with probability
+min(1, p_k(d_k) / q_k(d_k)) against the target's p_k = softmax(its logits / T); the first rejection draws the
+replacement from norm(max(p_k - q_k, 0)); a fully accepted block draws the bonus from p. Besides the sampled
+counts, every cycle records the exact expected acceptance along its drawn path: position k is reached with
+probability prod_{j<k} a_j, a_j = min(1, p_j(d_j) / q_j(d_j)) the acceptance probability of the drawn draft j, and
+accepted there with probability alpha_k = sum_x min(p_k(x), q_k(x)) (the draw at k averaged out), so the cycle
+expects sum_k prod_{j<k} a_j alpha_k accepted tokens: an unbiased, lower-variance estimate of the same tau
+(`expected_tau` in summarize; the uniform acceptance draws no longer add noise).
 
 It is the independent check of what the serving engine measures: the same prompts, the same output
 budget and stop tokens, the same counting (one "draft" per verification cycle; position k accepted when
@@ -28,13 +46,15 @@ tests/unit/eval/test_hybrid_reference.py and tests/integration/test_hybrid_refer
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dflash.core.errors import UserError
+from dflash.drafter.dflash2 import selector_walk
+from dflash.drafter.dspark import markov_walk
 from dflash.drafter.model import DFlashDrafter, context_features
 from dflash.drafter.session import DraftSession
 
@@ -49,10 +69,78 @@ class ReferenceResult:
     drafts: int  # verification cycles that carried a draft
     accepted_per_pos: list[int]  # [B-1]: cycles whose first k+1 drafted tokens were all accepted
     finish_reason: str  # "stop" | "length"
+    expected_per_pos: list[float] | None = None  # T > 0: sum over cycles of prod_{j<k} a_j alpha_k (module docstring)
 
     @property
     def accepted(self) -> int:
         return sum(self.accepted_per_pos)
+
+
+Choose = Callable[[torch.Tensor, int], int]  # (logits of a drafted position, its index) -> the pick
+
+
+def _argmax(logits: torch.Tensor, _j: int) -> int:
+    return int(logits.argmax())
+
+
+def propose(
+    session: DraftSession, bonus: int, start: int, lm_head: Any, choose: Choose | None
+) -> tuple[list[int], torch.Tensor | None]:
+    """The drafter.kind's B-1 drafts after `bonus` at `start` (module docstring) and, when `choose` draws
+    (T > 0), the (B-1, V) logits they were drawn from. choose None: greedy, and dflash's drafts come from
+    DraftSession.draft exactly as they always did."""
+    drafter = session.drafter
+    kind = drafter.config.kind
+    if kind == "dflash" and choose is None:
+        return session.draft(bonus, start), None
+    hidden = session.draft_hidden(bonus, start)
+    pick = choose or _argmax
+    if kind == "dspark":  # B-1 slots, each drafting the next token, the Markov bias fed the previous draft
+        drafts, logits = markov_walk(drafter, lm_head(hidden).float(), bonus, pick)
+    elif kind == "dflash2":  # slots 1..B-1, walked over their top-K candidates
+        drafts, logits = selector_walk(drafter, hidden[1:], lm_head(hidden[1:]).float(), bonus, pick)
+    else:
+        logits = lm_head(hidden[1:]).float()
+        drafts = [pick(row, j) for j, row in enumerate(logits)]
+    return drafts, (logits if choose is not None else None)
+
+
+class _Sampler:
+    """Seeded draws at temperature T (CPU generator: the same draws on any reference device)."""
+
+    def __init__(self, temperature: float, seed: int):
+        self.t = temperature
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.detach().double().cpu() / self.t, dim=-1)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+    def choose(self, logits: torch.Tensor, _j: int) -> int:
+        return self.draw(self.probs(logits))
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.gen, dtype=torch.float64))
+
+    def verify(self, drafts: list[int], q_logits: torch.Tensor, p_logits: torch.Tensor) -> tuple[int, int, list[float]]:
+        """Rejection sampling of drafts (N,) drawn from softmax(q_logits / T) against p_logits (N+1, V) ->
+        (accepted count, the next token, the expected accepted tokens per position along this path)."""
+        q, p = self.probs(q_logits), self.probs(p_logits)
+        n = len(drafts)
+        alpha = torch.minimum(p[:n], q).sum(dim=-1)  # acceptance probability at each position, its draw averaged
+        rows, cols = torch.arange(n), torch.tensor(drafts)
+        drawn = (p[rows, cols] / q[rows, cols]).clamp(max=1)  # the acceptance probability of each drawn draft
+        reach = torch.cat([torch.ones(1, dtype=drawn.dtype), torch.cumprod(drawn, dim=0)[:-1]])
+        expected = (reach * alpha).tolist()
+        for k, d in enumerate(drafts):
+            if self.uniform() * float(q[k, d]) <= float(p[k, d]):  # accept with probability min(1, p / q)
+                continue
+            residual = (p[k] - q[k]).clamp(min=0)
+            total = float(residual.sum())  # 0 only when rounding rejected a draft p and q agree on: draw from p
+            return k, self.draw(residual / total if total > 0 else p[k]), expected
+        return len(drafts), self.draw(p[len(drafts)]), expected
 
 
 def _linear_layers(cache: Any) -> list[Any]:
@@ -164,37 +252,48 @@ def reference_decode(
     max_tokens: int,
     stop_ids: Iterable[int] = (),
     mode: str = "cache",
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> ReferenceResult:
-    """Greedy DFlash speculative decoding of one prompt (module docstring). `target` is a transformers causal
-    LM (its embed_tokens and lm_head also serve the drafter); output budget and stop ids as in the engine."""
+    """Speculative decoding of one prompt with the drafter's kind (module docstring): greedy at temperature 0,
+    rejection sampling with draws seeded by `seed` above it. `target` is a transformers causal LM (its embed_tokens
+    and lm_head also serve the drafter); output budget and stop ids as in the engine."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     cfg = drafter.config
     stops = set(stop_ids)
-    session = DraftSession(drafter, target.get_input_embeddings(), target.get_output_embeddings())
+    lm_head = target.get_output_embeddings()
+    session = DraftSession(drafter, target.get_input_embeddings(), lm_head)
     tgt = _Target(target, cfg.target_layer_ids, mode)
+    sampler = _Sampler(temperature, seed) if temperature > 0 else None
     prompt = list(prompt_ids)
     logits, feats = tgt.forward(prompt)
     tgt.commit(prompt, len(prompt))
     session.extend(feats)
-    bonus = int(logits[-1].argmax())
+    bonus = int(logits[-1].argmax()) if sampler is None else sampler.choose(logits[-1], 0)
     tokens = [bonus]
     drafts, per_pos = 0, [0] * (cfg.block_size - 1)
+    expected = [0.0] * (cfg.block_size - 1) if sampler else None
     while len(tokens) < max_tokens and bonus not in stops:
         start = session.length
-        draft = session.draft(bonus, start)
+        draft, q_logits = propose(session, bonus, start, lm_head, sampler.choose if sampler else None)
         block = [bonus, *draft]
         logits, feats = tgt.forward(block)
-        choice = logits.argmax(-1).tolist()  # the target's token after each block slot
-        accepted = 0
-        while accepted < len(draft) and draft[accepted] == choice[accepted]:
-            accepted += 1
+        if sampler is None:
+            choice = logits.argmax(-1).tolist()  # the target's token after each block slot
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == choice[accepted]:
+                accepted += 1
+            following = choice[accepted]
+        else:
+            accepted, following, path = sampler.verify(draft, q_logits, logits)
+            expected = [e + a for e, a in zip(expected, path, strict=True)]
         drafts += 1
         for k in range(accepted):
             per_pos[k] += 1
         tgt.commit(block, accepted + 1)
         session.extend(feats[: accepted + 1])
-        bonus = choice[accepted]
+        bonus = following
         new = [*draft[:accepted], bonus]
         for i, tok in enumerate(new):
             if tok in stops:  # the engine stops at the first stop id (and keeps it)
@@ -205,7 +304,7 @@ def reference_decode(
             break
     tokens = tokens[:max_tokens]
     stopped = bool(stops) and tokens[-1] in stops
-    return ReferenceResult(tokens, drafts, per_pos, "stop" if stopped else "length")
+    return ReferenceResult(tokens, drafts, per_pos, "stop" if stopped else "length", expected)
 
 
 @torch.no_grad()
@@ -233,7 +332,7 @@ def summarize(results: Sequence[ReferenceResult], block_size: int) -> dict:
     drafts = sum(r.drafts for r in results)
     per_pos = [sum(r.accepted_per_pos[k] for r in results) for k in range(block_size - 1)]
     accepted = sum(per_pos)
-    return {
+    out = {
         "tau": 1 + accepted / drafts if drafts else None,
         "acceptance_per_position": [p / drafts for p in per_pos] if drafts else [],
         "num_drafts": drafts,
@@ -241,6 +340,11 @@ def summarize(results: Sequence[ReferenceResult], block_size: int) -> dict:
         "num_accepted_tokens_per_pos": per_pos,
         "output_tokens": sum(len(r.tokens) for r in results),
     }
+    if results and results[0].expected_per_pos is not None:  # T > 0: the exact expectation along the drawn paths
+        exp = [sum(r.expected_per_pos[k] for r in results) for k in range(block_size - 1)]
+        out["expected_tau"] = 1 + sum(exp) / drafts if drafts else None
+        out["expected_acceptance_per_position"] = [e / drafts for e in exp] if drafts else []
+    return out
 
 
-__all__ = ["MODES", "ReferenceResult", "greedy_decode", "reference_decode", "summarize"]
+__all__ = ["MODES", "ReferenceResult", "greedy_decode", "propose", "reference_decode", "summarize"]

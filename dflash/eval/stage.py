@@ -11,7 +11,10 @@ Command: python -m stages.eval --params params.yaml
 
 Engine configurations (`eval.engines`), each in its own spawned worker process with its own engine, all on
 the same prompts with the same sampling settings:
-  dflash     speculative_config {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": B-1}
+  dflash     the trained drafter: speculative_config {"method": "dflash" ("dspark" for drafter.kind dspark),
+             "model": drafter_dir, "num_speculative_tokens": B-1}. DSpark and DFlash2 need vLLM's V2 model runner
+             (CUDA + Triton): where the host has none, this engine and `untrained` are skipped, said so in the
+             report's notes, and the drafter's tau is the reference's (eval.reference_temperatures)
   untrained  the same with a seeded, untrained drafter of the same geometry (exported to a temp folder)
   ngram      vLLM's prompt-lookup proposer ({"method": "ngram", prompt_lookup_min / max})
   none       no speculation: the throughput baseline (speedup) and, at temperature 0, the greedy output
@@ -34,7 +37,7 @@ from dflash.core.io import list_shards, read_arrow
 from dflash.core.params import EvalParams, Params
 from dflash.core.target_config import check_cpu_hybrid, resolve
 from dflash.core.validate import check_eval
-from dflash.eval.engines import engine_kwargs, run_engine, speculative_config
+from dflash.eval.engines import engine_kwargs, run_engine, speculative_config, unservable_reason
 from dflash.eval.prompt_sets import HELDOUT, load_prompt_set, set_rows
 
 log = logging.getLogger(__name__)
@@ -101,15 +104,17 @@ def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path) -> Path
     import torch
 
     from dflash.drafter.export import save_drafter
-    from dflash.drafter.model import build_drafter
+    from dflash.drafter.kinds import build_drafter
 
     torch.manual_seed(seed)
     return save_drafter(build_drafter(config, dtype=dtype), config, out_dir)
 
 
 def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, list[dict]], stop_ids: list[int]) -> dict:
-    """The PyTorch reference evaluator over the same prompts (greedy), set by set; the held-out set's summary and
-    tokens at the top, every set's under "sets"."""
+    """The PyTorch reference evaluator over the same prompts at every eval.reference_temperatures, set by set.
+    Top level: the greedy run (or the first temperature's when 0 is not listed) with its held-out summary and
+    tokens, every set's under "sets"; every temperature's set summaries under "by_temperature" (keys "0", "1"...).
+    Prompt i of a set draws from seed base.seed + i at T > 0 (the engines' per-request seeds)."""
     import torch
 
     from dflash.core.hf import load_target_model
@@ -124,20 +129,46 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     target = load_target_model(params.base.target_dir, dtype, device, params.base.trust_remote_code)
     drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
     drafter.eval()
-    out: dict[str, dict] = {}
-    for name, prompts in sets.items():
-        t0 = time.perf_counter()
-        results = [
-            reference_decode(target, drafter, p["prompt_ids"], e.max_tokens, stop_ids, mode=e.reference_mode)
-            for p in prompts
-        ]
-        out[name] = {
-            **summarize(results, cfg.block_size),
-            "wall_s": time.perf_counter() - t0,
-            "tokens": [r.tokens for r in results],
-        }
+    runs: dict[str, dict[str, dict]] = {}
+    for temp in e.reference_temperatures:
+        out: dict[str, dict] = {}
+        for name, prompts in sets.items():
+            t0 = time.perf_counter()
+            results = [
+                reference_decode(
+                    target,
+                    drafter,
+                    p["prompt_ids"],
+                    e.max_tokens,
+                    stop_ids,
+                    mode=e.reference_mode,
+                    temperature=temp,
+                    seed=params.base.seed + i,
+                )
+                for i, p in enumerate(prompts)
+            ]
+            out[name] = {
+                **summarize(results, cfg.block_size),
+                "wall_s": time.perf_counter() - t0,
+                "tokens": [r.tokens for r in results],
+            }
+            log.info("eval: reference at temperature %g on %s: tau %s", temp, name, out[name]["tau"])
+        runs[f"{temp:g}"] = out
     del target
-    return {**out[HELDOUT], "mode": e.reference_mode, "device": device, "sets": out}
+    main_temp = 0.0 if 0.0 in e.reference_temperatures else e.reference_temperatures[0]
+    main = runs[f"{main_temp:g}"]
+    by_temperature = {
+        t: {n: {k: v for k, v in r.items() if k != "tokens"} for n, r in o.items()} for t, o in runs.items()
+    }
+    return {
+        **main[HELDOUT],
+        "temperature": main_temp,
+        "mode": e.reference_mode,
+        "device": device,
+        "kind": cfg.kind,
+        "sets": main,
+        "by_temperature": by_temperature,
+    }
 
 
 def _set_meta(source: str, kept: list[dict], skipped: list, thinking: bool) -> dict:
@@ -195,13 +226,19 @@ def run(params: Params) -> EvalRun:
     )
 
     engines: dict[str, dict] = {}
+    unservable = unservable_reason(dcfg.kind)  # DSpark / DFlash2 without vLLM's V2 runner: the reference measures
+    run = [n for n in e.engines if not (unservable and n in ("dflash", "untrained"))]
+    if unservable:
+        log.warning("eval: %s; engines dflash and untrained skipped", unservable)
+        if not e.reference:
+            raise UserError(f"eval.reference: must be true here: {unservable}")
     with tempfile.TemporaryDirectory(prefix="dflash-eval-") as tmp:
         dirs = {"dflash": drafter_dir}
-        if "untrained" in e.engines:
+        if "untrained" in run:
             dirs["untrained"] = str(_untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp)))
         del drafter
-        for name in e.engines:
-            spec = speculative_config(name, e, dirs.get(name, ""), dcfg.block_size)
+        for name in run:
+            spec = speculative_config(name, e, dirs.get(name, ""), dcfg.block_size, dcfg.kind)
             cfg = {
                 "engine_kwargs": engine_kwargs(e, info, params.base.seed, params.base.trust_remote_code, spec),
                 "prompt_sets": [[name, [p["prompt_ids"] for p in ps]] for name, ps in sets.items()],
@@ -223,7 +260,7 @@ def run(params: Params) -> EvalRun:
             )
     reference = _reference(params, info, drafter_dir, sets, stops) if e.reference else None
     prompt_sets = set_rows(meta, engines, reference, e.temperature == 0)
-    report = build_report(e, dcfg, prompts, skipped, engines, reference, prompt_sets)
+    report = build_report(e, dcfg, prompts, skipped, engines, reference, prompt_sets, unservable)
     write_reports(report, Path(params.base.reports_dir))
     tokens = {name: r["tokens"] for name, r in engines.items()}
     if reference is not None:

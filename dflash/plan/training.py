@@ -16,7 +16,7 @@ from typing import Any
 
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.loader import as_dict
-from dflash.drafter.geometry import parameter_counts
+from dflash.drafter.geometry import kind_cost, parameter_counts
 from dflash.plan import sizing
 
 GB = 1e9
@@ -47,8 +47,8 @@ def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, 
     """FLOPs to train on one sequence: target forward, drafter forward + backward, frozen lm_head on drafted slots."""
     s = min(seq_tokens, ta.max_length)
     anchors = max(0.0, min(ta.num_anchors, loss_tokens - 1, s - 1))
-    nb = anchors * d.block_size
-    p = parameter_counts(d)
+    nb = anchors * d.query_slots
+    p, extra = parameter_counts(d), kind_cost(d)  # extra: the drafter.kind's heads / convs / selector
     q_dim, h = d.num_attention_heads * d.head_dim, d.hidden_size
     # anchors sit in the response (the sequence's tail): mean visible context ~ everything before the response
     # plus half of it; sliding layers see at most their window.
@@ -58,7 +58,7 @@ def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, 
         ctx = min(mean_ctx, d.sliding_window) if kind == "sliding_attention" else mean_ctx
         in_block = (d.block_size + 1) / 2 if kind == "sliding_attention" else d.block_size  # causal vs bidirectional
         attn += 12.0 * nb * (ctx + in_block) * q_dim  # QK^T + AV, forward (4) + backward (8)
-    own = getattr(ta, "loss_target", "tokens") != "tokens"  # the target's own predictions: its whole depth
+    own = getattr(ta, "loss_target", "tokens") != "tokens" or extra.target_logits  # the target's own predictions
     parts = {
         "target_forward": sizing.prefill_flops(
             t, s, layers=None if own else d.deepest_target_layer + 1, with_head=False
@@ -69,6 +69,7 @@ def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, 
         "drafter_kv_projection": 6.0 * p["attn_kv"] * (s + nb),  # context features AND block tokens (KV injection)
         "drafter_fc": 6.0 * p["fc"] * s,
         "drafter_attention": attn,
+        "drafter_kind_extra": 3.0 * extra.flops_per_slot * nb,  # forward + backward of the kind's additions
         # frozen lm_head on drafted slots: logits forward (2VH) + gradient w.r.t. its input (2VH); no weight grad
         "lm_head": 4.0 * t.vocab_size * h * anchors * (d.block_size - 1),
     }
@@ -84,7 +85,7 @@ def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, 
 def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, float]:
     """Per-GPU memory parts (bytes) of online training; combined per layout by training_estimate."""
     s = min(seq_tokens, ta.max_length)
-    nb = anchors * d.block_size
+    nb = anchors * d.query_slots
     b = ta.batch_size
     h, f = d.hidden_size, d.intermediate_size
     q, kv = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
@@ -97,6 +98,8 @@ def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, fl
     per_token_layer = 2 * (4 * h + 2 * q + 2 * kv + 3 * f)
     act = d.num_hidden_layers * nb * per_token_layer + d.num_hidden_layers * s * 2 * kv * 2 * 2 + s * h * 2 * 2
     loss_target = getattr(ta, "loss_target", "tokens")
+    if kind_cost(d).target_logits:  # dspark / dflash2 hold the target's logits beside the drafter's (as KL does)
+        loss_target = "target_kl"
     logits = min(anchors, ta.logits_chunk_blocks) * d.block_size * t.vocab_size * LOGITS_BYTES[loss_target]
     final = b * s * t.hidden_size * 2 if loss_target != "tokens" else 0  # the target's final hidden states
     return {

@@ -1,8 +1,12 @@
-"""Stage `train`: the DFlash drafter trained online against the target, then exported.
+"""Stage `train`: the drafter (drafter.kind: dflash | dspark | dflash2) trained online against the target, then exported.
 
   data.py         training shards -> packed rows, per-document anchors, batches
   features.py     the target in-process: hooks keep only the feature layers and stop the forward there
   loss.py         decayed CE through the frozen lm_head in chunks (exact zero-row softmax), accuracy, tau_hat
+  micro.py        MicroBatch: one micro-step's rows, anchors, labels and valid flags on the drafter's device; the
+                  kind's loss of a micro-step (micro_loss)
+  loss_dspark.py  DSpark: Markov-corrected CE + L1 to the target's distribution + confidence BCE, chunked
+  loss_dflash2.py DFlash2: the lm_head loss + the candidate selector's top-K cross-entropy
   checkpoint.py   atomic config-hashed checkpoints (safetensors + weights-only state), provenance
   distributed.py  ranks (global vs local), devices, the global batch over any world size, collectives, checks
   parallel.py     the drafter's wrapper (train.parallel: ddp | fsdp = FSDP2), full checkpoint state, export copy

@@ -50,13 +50,9 @@ from dflash.core.loader import as_dict
 from dflash.core.params import Params
 from dflash.core.validate import check_train
 from dflash.drafter.geometry import build_drafter_config, config_dict
+from dflash.drafter.kinds import build_drafter
 from dflash.drafter.masks import build_masks
-from dflash.drafter.model import (
-    block_input_ids,
-    block_labels,
-    build_drafter,
-    count_parameters,
-)
+from dflash.drafter.model import block_input_ids, count_parameters
 from dflash.train import checkpoint, parallel
 from dflash.train import distributed as dist
 from dflash.train.data import (
@@ -71,7 +67,9 @@ from dflash.train.data import (
 )
 from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
-from dflash.train.loss import LMHead, block_loss, normaliser_share, slot_weights, tau_hat
+from dflash.train.loss import LMHead, normaliser_share, slot_weights, tau_hat
+from dflash.train.loss_dspark import explicit_rows, supervised_tokens, zero_rows_tied
+from dflash.train.micro import MicroBatch, micro_loss
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +154,9 @@ class Trainer:
                 f"({self.rows_per_step} = batch_size x {self.accum} micro-steps x {self.world} processes)"
             )
         self.seed = base.seed
+        idle_losses = {f"{kind}_loss" for kind in ("dspark", "dflash2") if kind != self.cfg.kind}  # other kinds'
         key = {
-            "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL},
+            "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL and k not in idle_losses},
             "rows_per_step": self.rows_per_step,
             "drafter": config_dict(self.cfg),
             "seed": base.seed,
@@ -188,7 +187,8 @@ class Trainer:
             self.cfg.target_layer_ids,
             self.cfg.num_target_layers,
             tp.target_batch_tokens,
-            final=tp.loss_target != "tokens",  # the target's own predictions need its final hidden states
+            # the target's own predictions need its final hidden states (dspark / dflash2: always)
+            final=tp.loss_target != "tokens" or self.cfg.kind != "dflash",
         )
         embed = target.get_input_embeddings()
         self.embed = embed if self.target_device == self.device else copy.deepcopy(embed).to(self.device)
@@ -204,6 +204,11 @@ class Trainer:
         # 4. drafter (fp32 master weights), optimizer, schedule
         torch.manual_seed(base.seed)
         self.model = build_drafter(self.cfg, device=self.device, dtype=torch.float32)
+        self.loss_head = self.head  # DSpark: zero lm_head rows that are labels get their own W2 row (loss_dspark.py)
+        if self.cfg.kind == "dspark" and self.head.num_zero:
+            self.loss_head = explicit_rows(self.head, supervised_tokens(self.index.paths, self.cfg.vocab_size))
+            if not zero_rows_tied(self.loss_head, self.model.markov_head.markov_w2.weight):
+                raise RuntimeError("DSpark markov_w2: the W2 rows of the zero lm_head rows differ (the loss ties them)")
         module = parallel.wrap_drafter(self.model, tp.parallel, self.device, self.world, self.dtype)  # ddp | fsdp
         self.ddp = module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else None
         self.forward = torch.compile(module, dynamic=True) if tp.compile else module
@@ -263,15 +268,9 @@ class Trainer:
     def compute_gradients(self, step: int) -> dict:
         """Forward + backward of every micro-step of `step`; leaves the (all-reduced) gradients in the drafter."""
         c, dev = self.cfg, self.device
-        micro = self.micro_batches(step)
-        prepared = []
-        for index, b in micro:
-            ids, mask, docs = b.input_ids.to(dev), b.loss_mask.to(dev), b.doc_ids.to(dev)
-            anchors = b.anchors.to(dev)
-            labels, valid = block_labels(ids, mask, anchors, c.block_size, docs)
-            prepared.append((index, b, ids, docs, anchors, labels, valid))
-        local_w = sum(normaliser_share(p[6], self.slot_w, self.tp.position_weighting) for p in prepared)
-        fed = [sum(p[1].num_tokens for p in prepared), sum(docs_digest(p[1].documents) for p in prepared)]
+        prepared = [MicroBatch.on_device(slot, b, c.block_size, dev) for slot, b in self.micro_batches(step)]
+        local_w = sum(normaliser_share(m.valid, self.slot_w, self.tp.position_weighting) for m in prepared)
+        fed = [sum(m.batch.num_tokens for m in prepared), sum(docs_digest(m.batch.documents) for m in prepared)]
         stats = torch.tensor([local_w, *fed], dtype=torch.float64, device=dev)
         global_w, tokens, digest = self._reduce(stats).tolist()
         normaliser = global_w / self.world  # DDP averages gradients over processes: undo it
@@ -280,39 +279,36 @@ class Trainer:
         correct = torch.zeros(c.block_size, dtype=torch.long, device=dev)
         counted = torch.zeros_like(correct)
         autocast = torch.autocast(dev.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
-        for n, (index, b, ids, docs, anchors, labels, valid) in enumerate(prepared):
+        for n, m in enumerate(prepared):
+            b = m.batch
             feats = self.features(b.input_ids, b.doc_starts, b.doc_lengths)  # (S, K*H) [, final (S, H)]
             final = None
             if isinstance(feats, tuple):
                 feats, final = feats[0], feats[1].to(dev, non_blocking=True)
             feats = feats.to(dev, non_blocking=True)
             if self.tp.feature_noise > 0:
-                feats = self._noise(feats, step, index, b.row_tokens)
+                feats = self._noise(feats, step, m.slot, b.row_tokens)
             with torch.no_grad():
-                block_embeds = self.embed(block_input_ids(ids, anchors, c.block_size, c.mask_token_id))  # (N*B, H)
+                block_ids = block_input_ids(m.input_ids, m.anchors, c.query_slots, c.mask_token_id)
+                block_embeds = self.embed(block_ids)  # (N*B, H)
             sync = self.ddp is None or n == len(prepared) - 1
             with nullcontext() if sync else self.ddp.no_sync():
                 # masks are built outside the (optionally compiled) drafter: one compiled BlockMask builder
                 masks = build_masks(
-                    c.layer_types, anchors, ids.numel(), c.block_size, c.sliding_window, docs, self.backend
+                    c.layer_types,
+                    m.anchors,
+                    m.input_ids.numel(),
+                    c.query_slots,
+                    c.sliding_window,
+                    m.doc_ids,
+                    self.backend,
                 )
                 with autocast:
                     hidden = self.forward(
-                        feats, block_embeds, anchors, docs, b.position_ids.to(dev), self.backend, masks
+                        feats, block_embeds, m.anchors, m.doc_ids, b.position_ids.to(dev), self.backend, masks
                     )
-                out = block_loss(
-                    hidden,
-                    labels,
-                    valid,
-                    self.head,
-                    self.slot_w,
-                    normaliser,
-                    self.tp.logits_chunk_blocks * c.block_size,
-                    self.tp.loss_target,
-                    self.tp.position_weighting,
-                    final,
-                    anchors,
-                )
+                chunk = self.tp.logits_chunk_blocks * c.block_size
+                out = micro_loss(self.model, hidden, m, self.loss_head, self.slot_w, normaliser, chunk, self.tp, final)
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
             correct += out.correct

@@ -235,6 +235,7 @@ def block_loss(
     labels: torch.Tensor,
     valid: torch.Tensor,
     head: LMHead,
+    *,
     slot_w: torch.Tensor,
     normaliser: float,
     chunk_rows: int,

@@ -23,17 +23,20 @@ def test_smoke_on_cpu_skips_cuda_steps_and_writes_figures(tmp_path):
     assert (tmp_path / "summary.txt").read_text().strip() == summary.strip().split("\n\n")[0].strip()
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["cuda"] is False and set(result["steps"]) == set(GPU_CHECK_STEPS) - {"setup"}
-    for name in ("tests", "flex", "mfu", "fla"):
+    for name in ("tests", "flex", "mfu", "fla", "serve"):
         step = result["steps"][name]
         assert step["status"] == "SKIP", (name, step)
         assert f"{name:<5}  SKIP" in lines[name]
     assert "needs a CUDA device" in result["steps"]["tests"]["line"]  # pytest ran: every gpu test skipped
-    for name in ("flex", "mfu", "fla"):  # the CPU smoke of each Python piece ran and left its figures
+    for name in ("flex", "mfu", "fla", "serve"):  # the CPU smoke of each Python piece ran and left its figures
         assert result["steps"][name]["line"].startswith("no CUDA device; cpu smoke ok"), result["steps"][name]
     flex = result["steps"]["flex"]["figures"]
     assert flex["backends"]["sdpa"]["step_ms"] > 0 and "flex" in flex["backends"]
     assert result["steps"]["mfu"]["figures"]["flops_per_step"] > 0
     assert result["steps"]["fla"]["figures"]["torch_calls"] > 0  # the GatedDeltaNet layers ran the torch path
+    serve = result["steps"]["serve"]["figures"]  # every kind trained, exported and decoded by the reference
+    assert set(serve["kinds"]) == {"dspark", "dflash2"} and serve["served"] is False
+    assert all(r["reference_equals_greedy"] and r["reference"]["num_drafts"] > 0 for r in serve["kinds"].values())
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ from dflash.eval.reference import greedy_decode, reference_decode
 
 
 @pytest.mark.slow
-def test_restore_equals_recompute_and_plain_greedy_on_a_hybrid(hybrid):
-    target, drafter, prompts, hits = hybrid
+def test_restore_equals_recompute_and_plain_greedy_on_a_hybrid(hybrid_and_drafter):
+    target, drafter, prompts, hits = hybrid_and_drafter
     assert hits > 0.5  # acceptance is exercised: partial accepts, full accepts and rejections all occur
     partial = accepted = 0
     for p in prompts:

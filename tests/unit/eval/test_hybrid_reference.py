@@ -8,26 +8,10 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
-from transformers import DynamicCache, Qwen3NextForCausalLM
+from transformers import DynamicCache
 
-from dflash.eval.reference import _Target, greedy_decode
-from tests.helpers import overfit_drafter, small_drafter_config, small_hybrid_config
-
-
-@pytest.fixture(scope="module")
-def hybrid():
-    torch.manual_seed(0)
-    tc = small_hybrid_config()
-    target = Qwen3NextForCausalLM(tc).eval()
-    cfg = small_drafter_config(tc, layers=1)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(500) for _ in range(rng.randint(4, 12))] for _ in range(4)]
-    sequences = [(torch.tensor(p + greedy_decode(target, p, 40)), len(p)) for p in prompts]
-    # Memorised on two prompts only: full accepts there, rejections (restores) on the other two.
-    drafter, hits = overfit_drafter(cfg, target, sequences[:2], steps=100, lr=1e-2)
-    return target, drafter, prompts, hits
+from dflash.eval.reference import _Target
 
 
 def _full_logits(target, ids):
@@ -35,10 +19,10 @@ def _full_logits(target, ids):
         return target(torch.tensor([ids]), use_cache=False).logits[0].float()
 
 
-def test_crop_only_keeps_rejected_drafts_in_the_recurrent_state(hybrid):
+def test_crop_only_keeps_rejected_drafts_in_the_recurrent_state(hybrid_and_drafter):
     """The naive rollback (transformers' own crop, past recording on): conv windows are cut back, the recurrent
     state is not, so the next token's logits differ from a recompute of the committed sequence."""
-    target, _, prompts, _ = hybrid
+    target, _, prompts, _ = hybrid_and_drafter
     prompt, block, keep, nxt = prompts[0], [7, 8, 9, 10], 2, [11]
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()
@@ -61,12 +45,12 @@ def test_crop_only_keeps_rejected_drafts_in_the_recurrent_state(hybrid):
     assert tgt.refed_tokens == keep
 
 
-def test_features_of_a_document_do_not_depend_on_its_batch(hybrid):
+def test_features_of_a_document_do_not_depend_on_its_batch(hybrid_and_drafter):
     """Right padding: a short document batched with a long one gets the features it gets alone (the pads come
     after its tokens, so they never enter its recurrent state)."""
     from dflash.train.features import TargetFeatures
 
-    target = hybrid[0]
+    target = hybrid_and_drafter[0]
     feats = TargetFeatures(target, [0, 2], target.config.num_hidden_layers, batch_tokens=4096)
     rng = random.Random(1)
     docs = [[rng.randrange(500) for _ in range(n)] for n in (23, 9, 15)]

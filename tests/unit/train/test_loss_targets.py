@@ -53,7 +53,16 @@ def test_target_losses_equal_a_direct_computation_from_the_full_logits(loss_targ
     h = torch.randn(n * B, 32, requires_grad=True)
     w = slot_weights(B, 4.0)
     out = block_loss(
-        h, labels, valid, head, w, 2.5, chunk_rows=3, loss_target=loss_target, target_hidden=final, anchors=anchors
+        h,
+        labels,
+        valid,
+        head,
+        slot_w=w,
+        normaliser=2.5,
+        chunk_rows=3,
+        loss_target=loss_target,
+        target_hidden=final,
+        anchors=anchors,
     )
     out.loss.backward()
     grad, h.grad = h.grad.clone(), None
@@ -100,7 +109,18 @@ def test_chunked_kl_equals_the_unchunked_full_vocabulary_kl(zero_rows):
     losses, grads = [], []
     for chunk in (1, 5, 10_000):
         x = h.clone().requires_grad_()
-        out = block_loss(x, labels, valid, head, w, 1.0, chunk, "target_kl", target_hidden=target_h, anchors=anchors)
+        out = block_loss(
+            x,
+            labels,
+            valid,
+            head,
+            slot_w=w,
+            normaliser=1.0,
+            chunk_rows=chunk,
+            loss_target="target_kl",
+            target_hidden=target_h,
+            anchors=anchors,
+        )
         out.loss.backward()
         losses.append(out.loss.detach())
         grads.append(x.grad)
@@ -140,7 +160,9 @@ def test_dpace_loss_uses_detached_weights_normalised_by_the_valid_slots():
     h = torch.randn(n * B, 16, requires_grad=True)
     norm = normaliser_share(valid, slot_weights(B, 4.0), "dpace")
     assert norm == float(valid.sum())
-    out = block_loss(h, labels, valid, head, slot_weights(B, 4.0), norm, 7, weighting="dpace")
+    out = block_loss(
+        h, labels, valid, head, slot_w=slot_weights(B, 4.0), normaliser=norm, chunk_rows=7, weighting="dpace"
+    )
     out.loss.backward()
     grad, h.grad = h.grad.clone(), None
     ce = torch.nn.functional.cross_entropy(h @ lin.weight.T, labels, reduction="none")

@@ -170,7 +170,7 @@ def test_zero_row_loss_equals_the_full_vocabulary_loss():
     valid = torch.rand(n * b, generator=torch.Generator().manual_seed(1)) > 0.2
     valid.view(n, b)[:, 0] = False
     w = slot_weights(b, 4.0)
-    out = block_loss(h, labels, valid, head, w, normaliser=3.7, chunk_rows=5)
+    out = block_loss(h, labels, valid, head, slot_w=w, normaliser=3.7, chunk_rows=5)
     out.loss.backward()
     grad = h.grad.clone()
     h.grad = None
@@ -195,7 +195,7 @@ def test_argmax_falls_to_the_first_zero_row_when_every_kept_logit_is_negative():
     h = torch.tensor([[-1.0, 0.0], [2.0, 0.0], [0.0, 0.0]] * 2)  # negative -> token 0 (zero row); positive -> 1
     labels = torch.tensor([0, 1, 0, 6, 2, 0])
     valid = torch.tensor([False, True, True, False, True, True])
-    out = block_loss(h, labels, valid, head, torch.tensor([0.0, 1.0, 1.0]), 1.0, 2)
+    out = block_loss(h, labels, valid, head, slot_w=torch.tensor([0.0, 1.0, 1.0]), normaliser=1.0, chunk_rows=2)
     full = h @ lin.weight.T
     hits = (full.argmax(1) == labels) & valid
     slot = torch.arange(6) % 3
@@ -211,8 +211,8 @@ def test_real_heads_are_untouched_and_chunking_does_not_change_the_loss():
     labels = torch.randint(0, 300, (40,))
     valid = torch.ones(40, dtype=torch.bool)
     w = slot_weights(4, 7.0)
-    a = block_loss(h, labels, valid, head, w, 1.0, 1).loss
-    b = block_loss(h, labels, valid, head, w, 1.0, 1000).loss
+    a = block_loss(h, labels, valid, head, slot_w=w, normaliser=1.0, chunk_rows=1).loss
+    b = block_loss(h, labels, valid, head, slot_w=w, normaliser=1.0, chunk_rows=1000).loss
     torch.testing.assert_close(a, b)
     assert w[0] == 0 and w[1] == 1 and float(w[3]) == pytest.approx(np.exp(-2 / 7))
 

@@ -1,0 +1,76 @@
+"""One micro-step of an optimizer step as the training loop and the losses see it (dflash/train/loop.py).
+
+MicroBatch: the micro-step's packed rows (dflash/train/data.py `Batch`, on the CPU) and what every loss needs of
+them, moved to the drafter's device: tokens, documents, anchors, and the block labels with their valid flags
+(dflash/drafter/model.py `block_labels`: slot k of the block at anchor a is the token at a + k; every kind uses
+these labels, DSpark drafting position k from its query slot k - 1).
+micro_loss: the drafter.kind's loss of one micro-step: loss.py (dflash), loss_dspark.py, loss_dflash2.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash.core.params import TrainParams
+from dflash.drafter.model import block_labels
+from dflash.train.data import Batch
+from dflash.train.loss import LMHead, LossOut, block_loss
+from dflash.train.loss_dflash2 import dflash2_loss
+from dflash.train.loss_dspark import dspark_loss
+
+
+@dataclass
+class MicroBatch:
+    """One micro-step of an optimizer step: the packed rows and what the loss needs of them, on the drafter's
+    device (labels and valid from dflash.drafter.model.block_labels)."""
+
+    slot: int  # the micro-step's slot in the global batch (data.shard_step); seeds its feature noise
+    batch: Batch  # the packed rows: token spans for the target forward, row lengths, document numbers
+    input_ids: torch.Tensor  # (S,) long
+    doc_ids: torch.Tensor  # (S,) long
+    anchors: torch.Tensor  # (N,) long
+    labels: torch.Tensor  # (N*B,) long
+    valid: torch.Tensor  # (N*B,) bool
+
+    @classmethod
+    def on_device(cls, slot: int, batch: Batch, block_size: int, device: torch.device) -> MicroBatch:
+        ids, mask, docs = batch.input_ids.to(device), batch.loss_mask.to(device), batch.doc_ids.to(device)
+        anchors = batch.anchors.to(device)
+        labels, valid = block_labels(ids, mask, anchors, block_size, docs)
+        return cls(slot, batch, ids, docs, anchors, labels, valid)
+
+
+def micro_loss(
+    drafter: torch.nn.Module,
+    hidden: torch.Tensor,
+    m: MicroBatch,
+    head: LMHead,
+    slot_w: torch.Tensor,
+    normaliser: float,
+    chunk_rows: int,
+    tp: TrainParams,
+    final: torch.Tensor | None,
+) -> LossOut:
+    """The loss of the drafter's kind over the drafter's output `hidden` of micro-step m (the caller backpropagates
+    it); `final`: the target's final hidden states (S, H) when the loss needs the target's own predictions."""
+    common = {
+        "slot_w": slot_w,
+        "normaliser": normaliser,
+        "chunk_rows": chunk_rows,
+        "loss_target": tp.loss_target,
+        "target_hidden": final,
+        "anchors": m.anchors,
+    }
+    kind = drafter.config.kind
+    if kind == "dspark":
+        extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": tp.dspark_loss}
+        return dspark_loss(hidden, m.labels, m.valid, head, **common, **extra)
+    if kind == "dflash2":
+        extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": tp.dflash2_loss}
+        return dflash2_loss(hidden, m.labels, m.valid, head, **common, **extra)
+    return block_loss(hidden, m.labels, m.valid, head, **common, weighting=tp.position_weighting)
+
+
+__all__ = ["MicroBatch", "micro_loss"]
