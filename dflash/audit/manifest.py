@@ -76,7 +76,6 @@ class HashCache:
         """Write the entries of files that still exist (so the cache does not grow with deleted inputs)."""
         kept = {k: v for k, v in self.entries.items() if os.path.exists(k)}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, json.dumps(kept, sort_keys=True))
         except OSError as exc:  # a read-only home: the next run hashes again, nothing else changes
             log.warning("input hash cache %s not written (%s); inputs are hashed again next time", self.path, exc)
