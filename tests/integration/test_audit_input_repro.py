@@ -43,7 +43,7 @@ def _run(repo: Path, env: dict, *cmd: str, check: bool = True) -> str:
 
 def _commit(repo: Path, env: dict) -> None:
     _run(repo, env, "git", "add", "-A")
-    _run(repo, env, "git", "-c", "commit.gpgsign=false", "commit", "-q", "-m", "state")
+    _run(repo, env, "git", "-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", "state")
 
 
 def _repo(tmp_path: Path, env: dict, *overrides: str) -> Path:
@@ -107,8 +107,9 @@ def test_glob_input_reruns_the_audit_only_when_a_matched_file_changes(tmp_path):
 
 
 def test_hub_input_runs_under_exp_run_and_reruns_when_the_revision_changes(tmp_path):
-    home_env = warm_hf_home(tmp_path)[1]
-    env = dvc_env(**home_env, HF_DATASETS_OFFLINE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    hf_home = warm_hf_home(tmp_path)[0]
+    env = {k: v for k, v in dvc_env().items() if not k.startswith("HF_")}  # only the test's own hub settings
+    env.update(HF_HOME=str(hf_home), HF_DATASETS_OFFLINE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"))
     repo = _repo(tmp_path, env)
     hub = ["-S", "audit.input=hf:someone/Chat-Data", "-S", f"audit.hf_revision={HUB_COMMIT}"]
 
