@@ -537,9 +537,8 @@ def audit_stage_reads_cache_or_names_the_id(tmp_path: Path, env: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ reference sampling
 
-SAMPLING_VOCAB = (
-    8  # the reference-sampling tests' vocabulary: small enough to estimate a distribution over it from a thousand draws
-)
+# The reference-sampling tests' vocabulary: small enough to estimate a distribution over it from a thousand draws.
+SAMPLING_VOCAB = 8
 
 
 def sampling_target(vocab: int = SAMPLING_VOCAB):
@@ -572,3 +571,38 @@ def sampling_drafter(kind: str, target, seed: int = 1):
         for p_ in model.parameters():
             p_.add_(torch.randn_like(p_) * 0.3)
     return model
+
+
+# ------------------------------------------------------------------------------------------ DVC in a throw-away repo
+# tests/integration/test_repro.py (the whole pipeline) and tests/integration/test_audit_input_repro.py (the audit's
+# input tracking) run real `dvc` commands in temporary git repos.
+def dvc_env(**extra: str) -> dict[str, str]:
+    """This environment with this venv's python and dvc first on PATH, no analytics and a fixed git identity."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["DVC_NO_ANALYTICS"] = "1"
+    env.update(
+        GIT_AUTHOR_NAME="test",
+        GIT_AUTHOR_EMAIL="test@example.invalid",
+        GIT_COMMITTER_NAME="test",
+        GIT_COMMITTER_EMAIL="test@example.invalid",
+        GIT_CONFIG_NOSYSTEM="1",
+    )
+    env.update(extra)
+    return env
+
+
+def write_params(repo: Path, overrides: list[str]) -> None:
+    """repo/params.yaml with `-S`-style overrides applied, as `dvc exp run -S` would, checked against the schema."""
+    from dflash.core.loader import apply_overrides, from_dict, read_yaml
+    from dflash.core.yamlio import dump_yaml_text
+
+    raw = apply_overrides(read_yaml(repo / "params.yaml"), overrides, "test params")
+    from_dict(raw, "test params")
+    (repo / "params.yaml").write_text(dump_yaml_text(raw))  # YAML 1.2, read back as DVC and the stages read it
+
+
+def changed_stages(status: dict) -> dict:
+    """`dvc status --json` without the stages DVC reports only because dvc.yaml marks them `always_changed`
+    (audit_input: it looks at audit.input on every repro; whether the audit reruns is what matters)."""
+    return {name: why for name, why in status.items() if why != ["always changed"]}

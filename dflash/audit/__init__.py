@@ -13,6 +13,8 @@
   state.py     running counts, duplicate keys and histograms across chunks
   report.py    audit.json, report.md, plots
   run.py       the stage: read, check, write, gates
+  manifest.py  the input's identity for DVC (files + sha256 with a stat-keyed cache, or the hub id + revision):
+               stage audit_input, whose output the audit depends on in place of a glob or an hf: id
 
 May import: dflash.core, dflash.drafter; `datasets` lazily (hub.py only). No torch.
 """

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dflash.core.loader import apply_overrides, from_dict, read_yaml
 from dflash.core.metrics import MAX_SHOWN, shown_values
-from dflash.core.yamlio import dump_yaml_text
-from tests.helpers import REPO, distinct_sample_rows
+from tests.helpers import REPO, changed_stages, distinct_sample_rows, dvc_env, write_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -85,22 +81,8 @@ DUMMY_AWS = {  # the moto server accepts any keys; distinctive values so that a 
 }
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this venv's python + dvc
-    env["DVC_NO_ANALYTICS"] = "1"
-    env.update(
-        GIT_AUTHOR_NAME="test",
-        GIT_AUTHOR_EMAIL="test@example.invalid",
-        GIT_COMMITTER_NAME="test",
-        GIT_COMMITTER_EMAIL="test@example.invalid",
-        GIT_CONFIG_NOSYSTEM="1",
-    )
-    return env
-
-
 def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True)
+    result = subprocess.run(cmd, cwd=cwd, env=dvc_env(), capture_output=True, text=True)
     if check and result.returncode != 0:
         pytest.fail(
             f"{' '.join(cmd)} failed ({result.returncode}) in {cwd}:\n{(result.stdout + result.stderr)[-4000:]}"
@@ -114,7 +96,8 @@ def git_commit(repo: Path, message: str) -> None:
 
 
 def dvc_status(repo: Path) -> dict:
-    return json.loads(run(["dvc", "status", "--json"], repo).stdout.strip() or "{}")
+    """What `dvc status` says has changed (always-changed stages, which it always names, left out)."""
+    return changed_stages(json.loads(run(["dvc", "status", "--json"], repo).stdout.strip() or "{}"))
 
 
 def lock_stages(repo: Path) -> dict:
@@ -134,12 +117,6 @@ def out_hashes(repo: Path) -> dict[str, str]:
     return hashes
 
 
-def write_tiny_params(repo: Path, overrides: list[str]) -> None:
-    raw = apply_overrides(read_yaml(repo / "params.yaml"), overrides, "tiny params")  # as dvc exp run -S would
-    from_dict(raw, "tiny params")
-    (repo / "params.yaml").write_text(dump_yaml_text(raw))  # YAML 1.2, read back as DVC and the stages read it
-
-
 def write_tiny_input(repo: Path) -> None:
     """The first NUM_CONVERSATIONS well-formed conversations of the bundled sample with distinct first prompts."""
     rows = distinct_sample_rows(NUM_CONVERSATIONS)
@@ -157,7 +134,7 @@ def tiny_repo(tmp_path_factory) -> Path:
         if src.is_file():  # tracked but deleted in this checkout: skip
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, repo / rel)
-    write_tiny_params(repo, TINY)
+    write_params(repo, TINY)
     write_tiny_input(repo)
     run(["git", "init", "-q"], repo)
     git_commit(repo, "tiny params")
@@ -244,18 +221,21 @@ def test_s3_round_trip_restores_identical_outputs(tiny_repo, s3_endpoint, tmp_pa
 def test_changed_param_reruns_only_the_stages_that_depend_on_it(tiny_repo, tmp_path, case):
     override, status_expected, rerun_expected = PARTIAL_RERUNS[case]
     repo = clone(tiny_repo, tmp_path / "work", share_cache=True)
-    stages = list(yaml.safe_load((repo / "dvc.yaml").read_text())["stages"])
+    defined = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    stages, always = list(defined), {name for name, stage in defined.items() if stage.get("always_changed")}
     assert status_expected <= rerun_expected <= set(stages)
     assert dvc_status(repo) == {}
     before = lock_stages(repo)
 
-    write_tiny_params(repo, [override])
+    write_params(repo, [override])
     status = dvc_status(repo)
     assert set(status) == status_expected, status
 
     output = run(["dvc", "repro"], repo).stdout
     for stage in stages:
-        if stage in rerun_expected:
+        if stage in always:  # runs on every repro; its unchanged output (checked below) is what keeps the rest
+            assert f"Running stage '{stage}'" in output, f"{stage} is always_changed:\n{output[-3000:]}"
+        elif stage in rerun_expected:
             assert f"Running stage '{stage}'" in output, f"{stage} should have rerun:\n{output[-3000:]}"
         else:
             assert f"Stage '{stage}' didn't change, skipping" in output, f"{stage} should be skipped:\n{output[-3000:]}"
