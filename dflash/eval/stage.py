@@ -35,6 +35,7 @@ from dflash.core.params import EvalParams, Params
 from dflash.core.target_config import check_cpu_hybrid, resolve
 from dflash.core.validate import check_eval
 from dflash.eval.engines import engine_kwargs, run_engine, speculative_config
+from dflash.eval.progress import reference_bar
 from dflash.eval.prompt_sets import HELDOUT, load_prompt_set, set_rows
 
 log = logging.getLogger(__name__)
@@ -125,17 +126,21 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
     drafter.eval()
     out: dict[str, dict] = {}
+    bar = reference_bar(sum(len(p) for p in sets.values()), len(sets))  # its clock starts with the models loaded
     for name, prompts in sets.items():
         t0 = time.perf_counter()
-        results = [
-            reference_decode(target, drafter, p["prompt_ids"], e.max_tokens, stop_ids, mode=e.reference_mode)
-            for p in prompts
-        ]
+        results = []
+        for p in prompts:
+            results.append(
+                reference_decode(target, drafter, p["prompt_ids"], e.max_tokens, stop_ids, mode=e.reference_mode)
+            )
+            bar.update(1)
         out[name] = {
             **summarize(results, cfg.block_size),
             "wall_s": time.perf_counter() - t0,
             "tokens": [r.tokens for r in results],
         }
+    bar.close()
     del target
     return {**out[HELDOUT], "mode": e.reference_mode, "device": device, "sets": out}
 
