@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 import yaml
 
-from dflash.core.figures import PNG_MAGIC, bar_chart, write_png
+from dflash.core.figures import PNG_MAGIC
 from dflash.eval.prompt_sets import set_rows
 from dflash.report import charts
 from dflash.report.page import CSP
 from dflash.report.stage import run
-from tests.helpers import REPO, repo_params
+from tests.helpers import REPO, repo_params, report_run
 
 MODEL_FIGURES = ("pilot_sweep.png", "train_loss.png", "train_acceptance.png", "eval_acceptance.png")
 
@@ -39,35 +37,10 @@ def _tags(text: str) -> list[tuple[str, dict]]:
     return p.tags
 
 
-def make_run(root: Path) -> list[str]:
-    """A run's folders from the committed reports, plus the audit folder and the plan figure the stages draw."""
-    shutil.copytree(REPO / "reports", root / "reports", ignore=shutil.ignore_patterns("hybrid", "*.png", "*.html"))
-    audit = root / "audit"
-    (audit / "plots").mkdir(parents=True)
-    for name in ("response_lengths", "loss_mask_sums"):
-        rows = [{"v": v, "n": (v * 7) % 11} for v in range(1, 40)]
-        write_png(audit / "plots" / f"{name}.png", bar_chart(rows, x="v", y="n", title=name, x_title="v", y_title="n"))
-        (audit / "plots" / f"{name}.csv").write_text("v,n\n1,2\n")
-    (audit / "report.md").write_text(
-        "# Data audit\n\n| gate | result |\n|---|---|\n| spike | crossed |\n\n"
-        "![Response lengths](plots/response_lengths.png)\n\n![gone](plots/missing.png)\n\n[details](audit_details.json)\n"
-    )
-    (audit / "audit_details.json").write_text("{}\n")
-    rows = [{"v": g, "n": 1 / g} for g in (1, 2, 4)]
-    write_png(
-        root / "reports/plan_time_vs_gpus.png", bar_chart(rows, x="v", y="n", title="p", x_title="g", y_title="h")
-    )
-    return [
-        f"base.reports_dir={root / 'reports'}",
-        f"audit.out={audit}",
-        f"train.live_dir={root / 'reports/train_live'}",
-    ]
-
-
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
-    overrides = make_run(root)
+    overrides = report_run(root)
     out = run(repo_params(overrides), "params.yaml", REPO / "dvc.lock")
     return out, out.read_text(encoding="utf-8")
 
