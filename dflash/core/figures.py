@@ -73,6 +73,7 @@ def line_chart(
     y_domain: tuple[float, float] | None = None,
     points: bool = True,
     dash: str = "",
+    dash_values: Sequence[str] = (),
 ) -> dict:
     """Lines with points of `y` over `x`: one series per value of `color`, one panel per value of `column`."""
     y_scale: dict[str, Any] = {"type": "log"} if log_y else {"zero": False}
@@ -85,8 +86,10 @@ def line_chart(
     }
     if color:
         enc["color"] = _field(color, color_title or color, "nominal", sort=None)
-    if dash:
-        enc["strokeDash"] = _field(dash, dash, "nominal", legend=None)
+    if dash:  # the first value of `dash_values` solid, the next ones dashed
+        dashes = [[1, 0], [6, 4], [2, 3]][: len(dash_values)]
+        scale = {"domain": list(dash_values), "range": dashes} if dash_values else {}
+        enc["strokeDash"] = _field(dash, dash, "nominal", legend=None, scale=scale)
     if log_x:  # ticks at the measured values only (GPU counts, concurrency levels), never at 1.5 GPUs
         enc["x"]["axis"] = {"values": sorted({r[x] for r in rows})}
     elif rows and all(isinstance(r[x], int) for r in rows):  # steps, positions: no tick at 2.5
@@ -94,11 +97,12 @@ def line_chart(
     mark = {"type": "line", "point": points, "strokeWidth": 2}
     if column:
         inner = {"mark": mark, "encoding": enc, "width": WIDTH // 2, "height": HEIGHT}
+        order = list(dict.fromkeys(r[column] for r in rows))  # panels in the data's order (Vega would sort them)
         return _spec(
             rows,
             title,
             subtitle,
-            {"facet": {"column": _field(column, column_title or column, "nominal", sort=None)}, "spec": inner},
+            {"facet": {"column": _field(column, column_title or column, "nominal", sort=order)}, "spec": inner},
             resolve={"scale": {"x": "shared", "y": "shared"}},
         )
     return _spec(rows, title, subtitle, {"mark": mark, "encoding": enc, "width": WIDTH, "height": HEIGHT})

@@ -134,6 +134,7 @@ def eval_acceptance(params: Params) -> Figure:
         column="prompt set",
         y_domain=(0.0, 1.0),
         dash="measured by",
+        dash_values=("vLLM", "PyTorch reference"),
     )
     caption = "Acceptance per drafted position in vLLM speculative decoding, per prompt set, beside the reference."
     return Figure("eval_acceptance.png", caption, (str(path),), spec)
