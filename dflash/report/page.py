@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class PageInputs:
     params: ParamsDiff
     lock: list[StageIdentity]
     files: list[Path]  # the detailed files linked at the end
+    missing: list[str] = field(default_factory=list)  # figures whose stage has not run yet
 
 
 def _e(x: Any) -> str:
@@ -138,7 +139,10 @@ def _figures(inputs: PageInputs) -> str:
             f"<figcaption>{_e(f.caption)} Picture: {_link(inputs, f.file, f.file.name)}; data: {sources}."
             "</figcaption></figure>"
         )
-    return f'<div class="figures">{"".join(parts)}</div>'
+    gap = (
+        f"<p>Not drawn yet (their stages have not run): {_e(', '.join(inputs.missing))}.</p>" if inputs.missing else ""
+    )
+    return f'<div class="figures">{"".join(parts)}</div>{gap}'
 
 
 def _wide(png: bytes) -> str:

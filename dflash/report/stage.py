@@ -42,30 +42,27 @@ def run(params: Params, params_file: str | Path = "params.yaml", lock_file: str 
         atomic_write(reports / fig.name, png)
         drawn[fig.name] = FigureEntry(fig.spec["title"]["text"], fig.caption, png, reports / fig.name, fig.sources)
     audit_caption = "Every exact length is one bar: one tall bar means templated or placeholder answers."
-    figures = [
-        _stage_figure(
+    figures = {  # label (named on the page while missing) -> the figure, None before its stage has run
+        "the audit's response lengths": _stage_figure(
             audit_plots / "response_lengths.png",
             "Response lengths",
             f"Audit: final response lengths in characters. {audit_caption}",
             (str(audit_plots / "response_lengths.csv"),),
         ),
-        _stage_figure(
+        "the audit's loss-mask sums": _stage_figure(
             audit_plots / "loss_mask_sums.png",
             "Loss-mask tokens per sample",
             f"Audit: assistant tokens under the chat template per sample. {audit_caption}",
             (str(audit_plots / "loss_mask_sums.csv"),),
         ),
-        drawn["pilot_sweep.png"],
-        drawn["train_loss.png"],
-        drawn["train_acceptance.png"],
-        drawn["eval_acceptance.png"],
-        _stage_figure(
+        **{name: drawn[name] for name in drawn},
+        "the plan's time vs GPU count": _stage_figure(
             reports / "plan_time_vs_gpus.png",
             "Time vs GPU count",
             "Plan: hours of generation and of training by GPU count (log scales).",
             (str(reports / "plan_generation_scaling.csv"), str(reports / "plan_train_scaling.csv")),
         ),
-    ]
+    }
     metrics = {s: read_json(reports / f"{s}.json") for s in STAGES if (reports / f"{s}.json").is_file()}
     md = [
         MarkdownReport("Audit report", Path(params.audit.out) / "report.md"),
@@ -87,20 +84,16 @@ def run(params: Params, params_file: str | Path = "params.yaml", lock_file: str 
         machine=run_info.machine(),
         created=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         metrics=metrics,
-        figures=[f for f in figures if f is not None],
+        figures=[f for f in figures.values() if f is not None],
+        missing=[label for label, f in figures.items() if f is None],
         reports=[r for r in md if r.path.is_file()],
         params=run_info.params_diff(params, params_file),
         lock=run_info.lock_identities(lock_file, skip=("report",)),
         files=files,
     )
     atomic_write(inputs.out, render(inputs))
-    missing = [
-        n
-        for n, f in zip(("audit lengths", "audit loss mask", "", "", "", "", "plan"), figures, strict=True)
-        if f is None
-    ]
-    if missing:
-        log.info("report: no figure yet for %s (their stages have not run)", ", ".join(missing))
+    if inputs.missing:
+        log.info("report: not drawn yet (their stages have not run): %s", ", ".join(inputs.missing))
     return inputs.out
 
 

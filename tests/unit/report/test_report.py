@@ -140,3 +140,5 @@ def test_a_run_without_outputs_still_gets_every_file(tmp_path):
         assert fig.spec["title"]["subtitle"].startswith("empty: "), fig.name
     text = out.read_text()
     assert "No stage has written its metrics yet" in text and "No dvc.lock" in text
+    assert "Not drawn yet (their stages have not run): the audit&#x27;s response lengths" in text
+    assert "the plan&#x27;s time vs GPU count." in text
