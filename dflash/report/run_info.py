@@ -49,12 +49,13 @@ def _git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def commit() -> str:
-    """The checkout's commit (12 digits), `+ changes` when the tracked files differ from it; "no git" without."""
+def commit(outputs: tuple[str, ...] = ()) -> str:
+    """The checkout's commit (12 digits), and whether tracked files differ from it, leaving out `outputs` (dvc.lock
+    and the reports, which the run itself rewrites before they are committed); "no git checkout" without git."""
     head = _git("rev-parse", "HEAD")
     if head is None:
         return "no git checkout"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in outputs))
     return head.strip()[:12] + (" + uncommitted changes" if dirty else "")
 
 

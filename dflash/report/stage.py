@@ -80,7 +80,7 @@ def run(params: Params, params_file: str | Path = "params.yaml", lock_file: str 
     files += [p for p in (Path(params.train.live_dir) / "metrics.json", Path(lock_file)) if p.is_file()]
     inputs = PageInputs(
         out=reports / PAGE,
-        commit=run_info.commit(),
+        commit=run_info.commit(outputs=(str(lock_file), str(reports))),
         machine=run_info.machine(),
         created=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         metrics=metrics,
