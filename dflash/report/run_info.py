@@ -55,7 +55,8 @@ def commit(outputs: tuple[str, ...] = ()) -> str:
     head = _git("rev-parse", "HEAD")
     if head is None:
         return "no git checkout"
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in outputs))
+    inside = [p for p in outputs if not Path(p).is_absolute() or Path(p).resolve().is_relative_to(Path.cwd())]
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in inside))
     return head.strip()[:12] + (" + uncommitted changes" if dirty else "")
 
 
