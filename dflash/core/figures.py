@@ -74,9 +74,10 @@ def line_chart(
     points: bool = True,
     dash: str = "",
     dash_values: Sequence[str] = (),
+    y_zero: bool = False,
 ) -> dict:
     """Lines with points of `y` over `x`: one series per value of `color`, one panel per value of `column`."""
-    y_scale: dict[str, Any] = {"type": "log"} if log_y else {"zero": False}
+    y_scale: dict[str, Any] = {"type": "log"} if log_y else {"zero": y_zero}
     if y_domain is not None:
         y_scale = {"domain": list(y_domain)}
     enc: dict[str, Any] = {
