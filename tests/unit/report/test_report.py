@@ -97,7 +97,7 @@ def test_headline_metrics_params_and_stage_identities(page):
 
 
 def test_eval_figure_has_a_line_per_engine_and_the_reference_per_prompt_set(tmp_path):
-    """From the engines' per-set counters (dflash/eval/prompt_sets.set_rows) to the figure's series."""
+    """From the engines' per-set counters (set_rows in dflash/eval/prompt_sets.py) to the figure's series."""
 
     def counters(acc):
         return {"tau": 1 + sum(acc), "num_drafts": 10, "num_accepted_tokens": 5, "acceptance_per_position": acc}
