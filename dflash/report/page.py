@@ -30,7 +30,7 @@ HEADLINE = [
     ("eval", "greedy_identical_frac", "outputs identical to greedy", "{:.0%}"),
     ("train", "final_loss", "final training loss", "{:.3f}"),
     ("train", "final_tau_hat", "training tau estimate", "{:.2f}"),
-    ("pilot", "output_tokens_per_s", "pilot output tokens/s", "{:,.0f}"),
+    ("generate", "output_tokens_per_s", "generation output tokens/s", "{:,.0f}"),
     ("generate", "num_completed", "prompts generated", "{:,}"),
     ("audit", "num_kept", "conversations kept by the audit", "{:,}"),
     ("plan", "generation_hours", "planned generation hours", "{:.3g}"),
