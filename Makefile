@@ -2,6 +2,7 @@
 #   make demo   - set up if needed, then `dvc repro` the whole pipeline on the embedded tiny target (CPU)
 #   make demo-hybrid - the same DAG on a tiny Gated DeltaNet hybrid target, in build/demo-hybrid/ -> reports/hybrid/
 #   make test   - set up if needed, then the test suite
+#   make report - the run as ONE self-contained HTML page (reports/report.html; the last stage of make demo)
 #   make docs   - the documentation site into site/ (mkdocs build --strict)
 #   GPU host (docs/guides/gpu-host.md): make image, make remote BUCKET=..., make pull, make repro-gpu, make push
 SHELL := /bin/bash
@@ -25,7 +26,7 @@ IMAGE ?= dflash-pipeline:gpu
 WITH_FLASH_ATTN ?= 0
 REMOTE ?= storage
 
-.PHONY: setup demo demo-hybrid repro test test-fast lint docs plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
+.PHONY: setup demo demo-hybrid repro report plots-offline test test-fast lint docs plan clean-venv image image-pin repro-gpu gpu-shell gpu-run remote push pull
 
 setup: $(STAMP)
 
@@ -86,6 +87,14 @@ docs: $(STAMP)
 
 plan: $(STAMP)
 	python -m stages.plan --params $(PARAMS)
+
+# The report stage alone, on whatever the stages have written so far (dvc repro runs it after every other stage).
+report: $(STAMP)
+	python -m stages.report --params $(PARAMS)
+
+# Rewrite the offline `dvc plots show` page template (.dvc/config's plots.html_template) from the pinned vl-convert.
+plots-offline: $(STAMP)
+	python -m dflash.core.figures dvc-template .dvc/plots_offline.html
 
 clean-venv:
 	rm -rf $(VENV)

@@ -5,7 +5,8 @@ Inputs: params `plan`, `drafter`, `base`; the target's config.json (`plan.target
 the audit / tokenize / pilot metrics. No torch, no model download.
 Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (headline metrics),
 `plan_details.json` (everything),
-`plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots). With
+`plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots) and their picture
+`plan_time_vs_gpus.png`. With
 `plan.deadline_hours` > 0, plan.json["deadline"] holds the smallest cluster that meets it (dflash/plan/deadline.py).
 
     python -m stages.plan --params params.yaml
@@ -19,6 +20,7 @@ from dflash.core import cli
 
 
 def main(params):
+    from dflash.core.figures import write_png
     from dflash.core.io import atomic_write, write_json
     from dflash.plan import report as plan_report
     from dflash.plan.estimate import make_plan
@@ -31,6 +33,7 @@ def main(params):
     write_json(out / "plan_details.json", result)
     atomic_write(out / "plan_generation_scaling.csv", plan_report.scaling_csv(result, "generation_hours"))
     atomic_write(out / "plan_train_scaling.csv", plan_report.scaling_csv(result, "train_hours"))
+    write_png(out / plan_report.FIGURE, plan_report.time_vs_gpus(result))  # shown in plan.md
     print(text)
 
 

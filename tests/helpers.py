@@ -606,3 +606,33 @@ def changed_stages(status: dict) -> dict:
     """`dvc status --json` without the stages DVC reports only because dvc.yaml marks them `always_changed`
     (audit_input: it looks at audit.input on every repro; whether the audit reruns is what matters)."""
     return {name: why for name, why in status.items() if why != ["always changed"]}
+
+
+def report_run(root: Path) -> list[str]:
+    """A run's folders under `root` from the committed reports, plus an audit folder and the plan figure (what
+    those stages draw); returns the -S overrides that point a stage at them (the report stage's tests)."""
+    import shutil
+
+    from dflash.core.figures import bar_chart, write_png
+
+    shutil.copytree(REPO / "reports", root / "reports", ignore=shutil.ignore_patterns("hybrid", "*.png", "*.html"))
+    audit = root / "audit"
+    (audit / "plots").mkdir(parents=True)
+    for name in ("response_lengths", "loss_mask_sums"):
+        rows = [{"v": v, "n": (v * 7) % 11} for v in range(1, 40)]
+        write_png(audit / "plots" / f"{name}.png", bar_chart(rows, x="v", y="n", title=name, x_title="v", y_title="n"))
+        (audit / "plots" / f"{name}.csv").write_text("v,n\n1,2\n")
+    (audit / "report.md").write_text(
+        "# Data audit\n\n| gate | result |\n|---|---|\n| spike | crossed |\n\n"
+        "![Response lengths](plots/response_lengths.png)\n\n![gone](plots/missing.png)\n\n[details](audit_details.json)\n"
+    )
+    (audit / "audit_details.json").write_text("{}\n")
+    rows = [{"v": g, "n": 1 / g} for g in (1, 2, 4)]
+    write_png(
+        root / "reports/plan_time_vs_gpus.png", bar_chart(rows, x="v", y="n", title="p", x_title="g", y_title="h")
+    )
+    return [
+        f"base.reports_dir={root / 'reports'}",
+        f"audit.out={audit}",
+        f"train.live_dir={root / 'reports/train_live'}",
+    ]

@@ -1,11 +1,13 @@
-"""Audit outputs for people and for DVC: audit_details.json (every count), report.md (findings and what to do),
-plots/*.csv (histograms declared as DVC plots). Called by dflash.audit.run.run_audit."""
+"""Audit outputs for people and for DVC: audit_details.json (every count), report.md (findings and what to do,
+with the length histograms as pictures), plots/*.csv (histograms declared as DVC plots) and plots/*.png (the same
+histograms rendered offline by dflash/core/figures.py). Called by dflash.audit.run.run_audit."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from dflash.audit.state import AuditState
+from dflash.core.figures import bar_chart, write_png
 from dflash.core.io import atomic_write, write_json
 
 DETAILS = "audit_details.json"
@@ -13,6 +15,15 @@ PLOTS = {
     # file: (x column, y column, histogram unit)
     "response_lengths.csv": ("response_chars", "conversations", "chars"),
     "loss_mask_sums.csv": ("loss_mask_tokens", "samples", "tokens"),
+}
+FIGURES = {
+    # plot file: (title, x axis title, what is missing when it is empty)
+    "response_lengths.csv": ("Response lengths", "final response length (characters)", "no response was read"),
+    "loss_mask_sums.csv": (
+        "Loss-mask tokens per sample",
+        "loss-mask tokens (assistant tokens under the chat template)",
+        "no tokenizer, or no row was tokenized",
+    ),
 }
 CHECKS = [
     # (metric count key in counts/reasons, label, what it means)
@@ -45,8 +56,26 @@ def write_outputs(out: Path, metrics: dict, state: AuditState) -> None:
         rows = state.histogram_rows(unit)
         lines = [f"{x},{y}"] + [f"{v},{n}" for v, n in rows]
         atomic_write(out / "plots" / name, "\n".join(lines) + "\n")
+        write_png(out / "plots" / name.replace(".csv", ".png"), _histogram(name, rows))
     write_json(out / DETAILS, metrics)
     atomic_write(out / "report.md", render_report(metrics, state))
+
+
+def _histogram(name: str, rows: list[tuple[int, int]]) -> dict:
+    """The Vega-Lite histogram of one plot file (exact values; a spike is one tall bar)."""
+    x, y, _ = PLOTS[name]
+    title, x_title, empty = FIGURES[name]
+    subtitle = "one bar per exact value; one tall bar = templated or placeholder answers"
+    return bar_chart(
+        [{x: v, y: n} for v, n in rows],
+        x=x,
+        y=y,
+        title=title,
+        x_title=x_title,
+        y_title=y,
+        subtitle=subtitle if rows else f"empty: {empty}",
+        log_x=True,
+    )
 
 
 def _pct(x: float | None) -> str:
@@ -98,6 +127,10 @@ def render_report(m: dict, state: AuditState) -> str:
         + f"; examples {_refs(m['examples'].get('response_length_spike', []))}. "
         "Natural answers spread over many lengths; one length holding a large share means templated or placeholder answers "
         f"(the 27B regeneration case: 87% at 6 tokens). Histogram: `plots/{plot}.csv`.",
+        "",
+        "![Response lengths](plots/response_lengths.png)",
+        "",
+        "![Loss-mask tokens per sample](plots/loss_mask_sums.png)",
     ]
     if m["repeated_responses"]:
         out += [

@@ -20,11 +20,13 @@ import multiprocessing as mp
 import queue
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from dflash.core.errors import UserError
 from dflash.core.params import EvalParams, kv_cache_bytes
 from dflash.core.processes import kill_tree, place_engine_core, shutdown_engine
+from dflash.eval.progress import EngineProgress
 
 WARMUP_TOKENS = 8
 COUNTERS = {
@@ -128,9 +130,15 @@ def acceptance(before: dict, after: dict) -> dict:
     }
 
 
-def _drain(engine: Any, prompts: list[list[int]], sampling: list[Any], prefix: str) -> dict:
+def _drain(
+    engine: Any,
+    prompts: list[list[int]],
+    sampling: list[Any],
+    prefix: str,
+    finished: Callable[[int], None] | None = None,
+) -> dict:
     """Submit every prompt at once and step the engine until all finish: tokens, steps, finish reasons.
-    Request ids are `prefix` + index (the prefix is unique per timed run)."""
+    Request ids are `prefix` + index (the prefix is unique per timed run); `finished(n)` hears of each finished one."""
     from vllm.inputs import TokensPrompt
 
     n = len(prompts)
@@ -147,11 +155,14 @@ def _drain(engine: Any, prompts: list[list[int]], sampling: list[Any], prefix: s
                 steps[i] += 1
             if out.finished:
                 finish[i] = str(out.outputs[0].finish_reason)
+                if finished is not None:
+                    finished(1)
     return {"tokens": tokens, "steps": steps, "finish_reasons": finish}
 
 
-def _measure(cfg: dict) -> tuple[Any, dict]:
-    """Inside the worker: start the engine, warm it up, run the prompts, read the counters."""
+def _measure(cfg: dict, tell: Callable[[str, Any], None] = lambda kind, value: None) -> tuple[Any, dict]:
+    """Inside the worker: start the engine, warm it up, run the prompts, read the counters. `tell` reports
+    ("started", seconds) once the engine is up and warm, then ("finished", n) as requests finish."""
     from vllm import LLM, SamplingParams
     from vllm import __version__ as vllm_version
     from vllm.platforms import current_platform
@@ -174,12 +185,13 @@ def _measure(cfg: dict) -> tuple[Any, dict]:
 
     sets = cfg["prompt_sets"]  # [(name, prompts)], the held-out split first
     _drain(engine, sets[0][1][:1], [sampling(WARMUP_TOKENS, 0)], "warmup-")
+    tell("started", time.perf_counter() - t0)  # the parent's bar starts its clock here, not at the spawn
     results = {}
     for name, prompts in sets:  # one timed run per set: its own counter deltas
         before = read_counters(llm.get_metrics())
         t1 = time.perf_counter()
         seeds = [sampling(cfg["max_tokens"], cfg["seed"] + i) for i in range(len(prompts))]
-        run = _drain(engine, prompts, seeds, f"{name}-")
+        run = _drain(engine, prompts, seeds, f"{name}-", lambda n: tell("finished", n))
         wall = time.perf_counter() - t1
         after = read_counters(llm.get_metrics())
         out_tokens = sum(len(t) for t in run["tokens"])
@@ -207,7 +219,7 @@ def _engine_worker(cfg: dict, outbox: mp.Queue) -> None:
     place_engine_core(cfg["engine_core_process"])
     llm, code = None, 0
     try:
-        llm, result = _measure(cfg)
+        llm, result = _measure(cfg, lambda kind, value: outbox.put((kind, value)))
         outbox.put(("done", result))
     except BaseException:
         outbox.put(("error", traceback.format_exc()))
@@ -215,19 +227,21 @@ def _engine_worker(cfg: dict, outbox: mp.Queue) -> None:
     shutdown_engine(llm.llm_engine if llm is not None else None, outbox, code)
 
 
-def run_engine(name: str, cfg: dict, timeout_s: float) -> dict:
-    """Run one engine configuration in a spawned worker; kill it (and its children) on error or timeout."""
+def run_engine(name: str, cfg: dict, timeout_s: float, worker: Callable[[dict, Any], None] = _engine_worker) -> dict:
+    """Run one engine configuration in a spawned worker, with a progress bar over its prompts (every set) whose
+    clock starts when the engine is up; kill the worker (and its children) on error or timeout."""
     ctx = mp.get_context("spawn")
     outbox = ctx.Queue()
     # Not daemonic: vLLM starts its own engine-core processes, which daemonic processes may not.
-    proc = ctx.Process(target=_engine_worker, args=(cfg, outbox), name=f"eval-{name}")
+    proc = ctx.Process(target=worker, args=(cfg, outbox), name=f"eval-{name}")
+    bar = EngineProgress(name, sum(len(prompts) for _, prompts in cfg["prompt_sets"]))
     proc.start()
     deadline = time.time() + timeout_s
-    msg = None
+    kind, payload = None, None
     try:
-        while msg is None:
+        while kind not in ("done", "error"):
             try:
-                msg = outbox.get(timeout=1.0)
+                kind, payload = outbox.get(timeout=1.0)
             except queue.Empty:
                 if not proc.is_alive():
                     raise RuntimeError(
@@ -238,10 +252,16 @@ def run_engine(name: str, cfg: dict, timeout_s: float) -> dict:
                         f"eval engine {name!r} took more than eval.engine_timeout_s={timeout_s:g} s; killed "
                         "(raise it, or evaluate fewer prompts: eval.num_prompts)"
                     ) from None
+                bar.tick()
+                continue
+            if kind == "started":
+                bar.started(payload)
+            elif kind == "finished":
+                bar.advance(payload)
         proc.join(timeout=60)
     finally:
+        bar.close()
         kill_tree(proc.pid)
-    kind, payload = msg
     if kind == "error":
         raise RuntimeError(f"eval engine {name!r} failed:\n{payload}")
     return payload

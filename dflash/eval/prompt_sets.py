@@ -108,7 +108,8 @@ def load_prompt_set(name: str, spec: PromptSet, tokenizer: Any, chat_kwargs: dic
 
 def set_rows(sets: dict[str, dict], engines: dict[str, dict], reference: dict | None, greedy: bool) -> dict:
     """Per set (eval_details.json "prompt_set_details"): source, sizes, thinking mode, the trained drafter's tau,
-    acceptance per position and counts (its per-set counters), every engine's tau and counts, the reference's,
+    acceptance per position and counts (its per-set counters), every engine's tau, counts and acceptance per
+    position, the reference's,
     and (greedy) whether each speculative engine's outputs equal plain greedy decoding."""
     out = {}
     for name, meta in sets.items():
@@ -118,6 +119,7 @@ def set_rows(sets: dict[str, dict], engines: dict[str, dict], reference: dict | 
             s = r["sets"][name]
             c = s["counters"]
             d = {"tau": c["tau"], "num_drafts": c["num_drafts"], "num_accepted_tokens": c["num_accepted_tokens"]}
+            d["acceptance_per_position"] = c["acceptance_per_position"]  # the report's figure: a line per engine
             d["output_tokens"] = s["output_tokens"]
             if greedy and none is not None and engine != "none":
                 same = sum(a == b for a, b in zip(s["tokens"], none["tokens"], strict=True))
@@ -135,7 +137,9 @@ def set_rows(sets: dict[str, dict], engines: dict[str, dict], reference: dict | 
             "num_drafts": main.get("num_drafts"),
             "num_accepted_tokens_per_pos": main.get("num_accepted_tokens_per_pos", []),
             "engines": per_engine,
-            "reference": None if ref is None else {k: ref[k] for k in ("tau", "num_drafts", "num_accepted_tokens")},
+            "reference": None
+            if ref is None
+            else {k: ref[k] for k in ("tau", "num_drafts", "num_accepted_tokens", "acceptance_per_position")},
         }
     return out
 

@@ -37,6 +37,7 @@ HEADLINE = (
     "acceptance",
     "prompt_sets",
 )
+FIGURE = "eval_acceptance.png"  # beside eval.md, written by dflash/report/charts.py
 GOAL_TAU = 3.0  # the demo's goal: trained tau >= 3.0 at block size >= 4
 GOAL_BLOCK = 4
 GOAL_UNTRAINED_TAU = 1.1  # "near 1.0": an untrained drafter accepts almost nothing
@@ -271,6 +272,13 @@ def markdown(report: dict) -> str:
     rows = list(csv.reader(io.StringIO(acceptance_csv(r))))
     lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(_fmt(float(c)) if c and i else c for i, c in enumerate(row)) + " |" for row in rows[1:]]
+    lines += [
+        "",
+        "Per prompt set, every engine and the reference (drawn from eval_details.json by the report stage, "
+        "`make report`, so that a change to the picture never reruns eval):",
+        "",
+        f"![Acceptance per drafted position, per prompt set]({FIGURE})",
+    ]
     lines += ["", "Goal (demo):"]
     for key, g in r["goal"].items():
         lines.append(f"- {key} {g['want']}: {_fmt(g['met'])}")

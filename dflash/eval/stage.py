@@ -38,6 +38,7 @@ from dflash.core.params import EvalParams, Params
 from dflash.core.target_config import check_cpu_hybrid, resolve
 from dflash.core.validate import check_eval
 from dflash.eval.engines import engine_kwargs, run_engine, speculative_config, unservable_reason
+from dflash.eval.progress import reference_bar
 from dflash.eval.prompt_sets import HELDOUT, load_prompt_set, set_rows
 
 log = logging.getLogger(__name__)
@@ -130,23 +131,27 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
     drafter.eval()
     runs: dict[str, dict[str, dict]] = {}
+    count = sum(len(p) for p in sets.values()) * len(e.reference_temperatures)
+    bar = reference_bar(count, len(sets))  # its clock starts with the models loaded
     for temp in e.reference_temperatures:
         out: dict[str, dict] = {}
         for name, prompts in sets.items():
             t0 = time.perf_counter()
-            results = [
-                reference_decode(
-                    target,
-                    drafter,
-                    p["prompt_ids"],
-                    e.max_tokens,
-                    stop_ids,
-                    mode=e.reference_mode,
-                    temperature=temp,
-                    seed=params.base.seed + i,
+            results = []
+            for i, p in enumerate(prompts):
+                results.append(
+                    reference_decode(
+                        target,
+                        drafter,
+                        p["prompt_ids"],
+                        e.max_tokens,
+                        stop_ids,
+                        mode=e.reference_mode,
+                        temperature=temp,
+                        seed=params.base.seed + i,
+                    )
                 )
-                for i, p in enumerate(prompts)
-            ]
+                bar.update(1)
             out[name] = {
                 **summarize(results, cfg.block_size),
                 "wall_s": time.perf_counter() - t0,
@@ -154,6 +159,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
             }
             log.info("eval: reference at temperature %g on %s: tau %s", temp, name, out[name]["tau"])
         runs[f"{temp:g}"] = out
+    bar.close()
     del target
     main_temp = 0.0 if 0.0 in e.reference_temperatures else e.reference_temperatures[0]
     main = runs[f"{main_temp:g}"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflash.core.figures import line_chart
+
 
 def _n(x: float | None, digits: int = 1) -> str:
     """Human number: 1.73 B, 902.0 K, 12.3."""
@@ -305,6 +307,7 @@ def render_markdown(p: dict) -> str:
             for r in p["scaling"]
         ],
     )
+    lines += ["", f"![Time vs GPU count]({FIGURE})"]
     lines += ["", "## Assumptions", ""] + [f"- {a}" for a in p["assumptions"]]
     return "\n".join(lines) + "\n"
 
@@ -374,3 +377,28 @@ def scaling_csv(p: dict, column: str) -> str:
     rows = ["gpus,hours"]
     rows += [f"{r['gpus']},{r[column]:.6g}" for r in p["scaling"] if r[column] is not None]
     return "\n".join(rows) + "\n"
+
+
+FIGURE = "plan_time_vs_gpus.png"  # beside plan.md (stages/plan.py writes it)
+
+
+def time_vs_gpus(p: dict) -> dict:
+    """The Vega-Lite figure of the scaling table: hours of generation and of training by GPU count."""
+    rows = [
+        {"GPUs": r["gpus"], "phase": phase, "hours": r[key]}
+        for r in p["scaling"]
+        for phase, key in (("generation", "generation_hours"), ("training", "train_hours"))
+        if r[key] is not None
+    ]
+    return line_chart(
+        rows,
+        x="GPUs",
+        y="hours",
+        color="phase",
+        title="Time vs GPU count",
+        x_title="GPUs",
+        y_title="hours",
+        log_x=True,
+        log_y=True,
+        subtitle="the plan's estimate for each phase (log scales)",
+    )

@@ -250,8 +250,25 @@ def _lists_apart(text: str) -> str:
     return re.sub(r"^([^\n\-|#].*)\n(- )", r"\1\n\n\2", text, flags=re.M)
 
 
+def _inline_images(text: str, folder: Path) -> str:
+    """A report's pictures (PNGs beside it, e.g. reports/eval_acceptance.png) inside the page as data: URIs: the
+    site shows them without copying files out of reports/, and one not committed yet is named, not a broken link."""
+    import base64
+
+    def image(m: re.Match) -> str:
+        alt, target = m.group(1), m.group(2)
+        if ":" in target:
+            return m.group(0)
+        path = folder / target
+        if not path.is_file():
+            return f"*(picture `{path.relative_to(REPO)}` not committed yet)*"
+        return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode('ascii')})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", image, text)
+
+
 def render_report(rel: str) -> str:
-    text = _lists_apart(_read(rel))
+    text = _inline_images(_lists_apart(_read(rel)), (REPO / rel).parent)
     text = re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
     return f"{provenance(rel)}\n\n{text}"
 
@@ -298,9 +315,12 @@ def _plan(overrides: list[str]) -> dict:
 
 def render_plan_report() -> str:
     """The whole plan.md of the overlay as committed, headings moved down two levels."""
-    from dflash.plan.report import render_markdown
+    from dflash.core.figures import data_uri, render_png
+    from dflash.plan.report import FIGURE, render_markdown, time_vs_gpus
 
-    text = _lists_apart(render_markdown(_plan([])))
+    plan = _plan([])
+    text = _lists_apart(render_markdown(plan))
+    text = text.replace(f"]({FIGURE})", f"]({data_uri(render_png(time_vs_gpus(plan)))})")  # drawn now, like the plan
     return re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
 
 

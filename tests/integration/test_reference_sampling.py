@@ -1,7 +1,7 @@
 """The reference evaluator for every drafter kind and temperature: greedy speculative decoding reproduces the
 target's greedy output whatever the drafter (DSpark's Markov walk, DFlash2's selector walk), rejection sampling
 draws from the target's distribution, and the expected acceptance along a path is the sampled acceptance's mean.
-(At temperature 0 with kind dflash the reference equals vLLM exactly: tests/test_eval.py.)"""
+(At temperature 0 with kind dflash the reference equals vLLM exactly: tests/integration/test_eval_stage.py.)"""
 
 from __future__ import annotations
 

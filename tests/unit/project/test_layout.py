@@ -29,11 +29,11 @@ EXEMPT = {
     "dflash/core/errors.py",
     "dflash/core/paths.py",
 }
-STAGE_PACKAGES = ("target", "audit", "generate", "tokenize", "train", "eval", "plan")
+STAGE_PACKAGES = ("target", "audit", "generate", "tokenize", "train", "eval", "plan", "report")
 # package -> the packages of ours it may import (besides itself)
 ALLOWED = {"core": set(), "drafter": {"core"}, **{p: {"core", "drafter"} for p in STAGE_PACKAGES}}
 HEAVY = ("torch", "transformers", "vllm")
-TORCH_FREE_STAGES = ("audit", "tokenize", "plan")  # they run on data boxes without torch
+TORCH_FREE_STAGES = ("audit", "tokenize", "plan", "report")  # they run on data boxes without torch
 VLLM_PACKAGES = ("generate", "eval")
 
 
