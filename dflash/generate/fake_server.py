@@ -76,6 +76,7 @@ class _Server:
         self.keep_prompts = True  # False: count answers only (the benchmark: no memory kept per request)
         self.answered_count = 0
         self.port = 0
+        self.waiting: set[asyncio.Task] = set()  # delayed or hanging answers
         self._models = json.dumps({"object": "list", "data": [{"id": model, "max_model_len": max_model_len}]})
         # A full-length reply is the same bytes around the echoed prompt: build them once.
         self._tail = json.dumps(
@@ -178,7 +179,9 @@ class _Connection(asyncio.Protocol):
             return
         if method == "POST" and (srv.mode == "hang" or srv.delay_s):
             self.busy = True
-            asyncio.get_running_loop().create_task(self._later(answer, close))
+            task = asyncio.get_running_loop().create_task(self._later(answer, close))
+            srv.waiting.add(task)  # held, or the loop could garbage-collect a hanging answer mid-wait
+            task.add_done_callback(srv.waiting.discard)
             return
         self._send(answer, close)
 
