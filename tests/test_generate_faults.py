@@ -1,6 +1,6 @@
-"""Generate's servers backend against a sick cluster: fake OpenAI servers on 127.0.0.1 (dflash/generate/
-fake_server.py) that send ids outside the vocabulary, negative or string ids, an HTML page, no token_ids, no
-choices, HTTP 429 + Retry-After, or hang past the timeout.
+"""Generate's servers backend against a sick cluster: fake OpenAI servers on 127.0.0.1
+(benchmarks/fake_openai_servers.py) that send ids outside the vocabulary, negative or string ids, an HTML page,
+no token_ids, no choices, HTTP 429 + Retry-After, or hang past the timeout.
 
 Each misbehaviour runs through the real stage entry point (`stages.generate` via dflash.core.cli, in this
 process, against a target folder that holds only a config and the real Qwen3 tokenizer: the servers backend
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import write_conversations
 
+from benchmarks.fake_openai_servers import FakeServer
 from dflash.core import cli
 from dflash.core.io import list_shards, read_arrow, read_json, write_json
 from dflash.core.loader import load_params
-from dflash.generate.fake_server import FakeServer
 from stages import generate as generate_stage
 
 VOCAB = 151936  # the fake target's config.json vocab_size (every Qwen3 checkpoint's)
@@ -132,12 +132,8 @@ MISBEHAVIOURS = {
 
 @pytest.mark.parametrize("mode", list(MISBEHAVIOURS))
 def test_a_sick_server_beside_a_healthy_one_costs_nothing(tmp_path, fake_target, answer, capsys, mode):
-    sick, healthy = FakeServer(answer, mode=mode), FakeServer(answer)
-    try:
+    with FakeServer(answer, mode=mode) as sick, FakeServer(answer) as healthy:
         code, err = run_stage(tmp_path, fake_target, [sick.url, healthy.url], capsys)
-    finally:
-        sick.stop()
-        healthy.stop()
     assert code == 0, err[-2000:]
     rows = stored_rows(tmp_path)
     ids = [r["sample_id"] for r in rows]
@@ -151,11 +147,8 @@ def test_a_sick_server_beside_a_healthy_one_costs_nothing(tmp_path, fake_target,
 
 @pytest.mark.parametrize("mode", list(MISBEHAVIOURS))
 def test_a_sick_server_alone_stops_the_run_naming_it(tmp_path, fake_target, answer, capsys, mode):
-    sick = FakeServer(answer, mode=mode)
-    try:
+    with FakeServer(answer, mode=mode) as sick:
         code, err = run_stage(tmp_path, fake_target, [sick.url], capsys)
-    finally:
-        sick.stop()
     assert code == 1, err[-2000:]
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]

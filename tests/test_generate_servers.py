@@ -21,17 +21,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import REPO, generate_cmd, write_conversations
+from conftest import REPO, fake_worker_config, generate_cmd, write_conversations
 
 from dflash.core import concurrency
-from dflash.core.chat import template_kwargs
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import file_sha256, list_shards, read_arrow, read_json, write_json
 from dflash.core.loader import load_params
 from dflash.core.processes import kill_tree
 from dflash.core.validate import check_generate
 from dflash.generate import client, servers
-from dflash.generate.contract import WorkerConfig, count_prompts
+from dflash.generate.contract import count_prompts
 from dflash.generate.stage import make_units
 
 U = {"role": "user", "content": "What is 2 + 2?"}
@@ -151,6 +150,8 @@ class FakeServer:
                     self._json(503 if fake.sick else 200, {})
                 elif self.path == "/v1/models":
                     self._json(200, {"data": [{"id": fake.model, "max_model_len": fake.max_model_len}]})
+                elif self.path == "/version":
+                    self._json(200, {"version": "fake-1"})
                 else:
                     self._json(404, {})
 
@@ -170,7 +171,8 @@ class FakeServer:
                 assert body["return_token_ids"] is True and isinstance(body["prompt"], list)
                 with fake.lock:
                     fake.seen.append(body["prompt"])
-                self._json(200, {"choices": [{"text": "x", "token_ids": fake.completion, "finish_reason": "stop"}]})
+                ids = fake.completion[: body["max_tokens"]]  # a probe asks for one token
+                self._json(200, {"choices": [{"text": "x", "token_ids": ids, "finish_reason": "stop"}]})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.handle_error = lambda *args: None  # a reset connection is the point, not a test failure
@@ -190,20 +192,9 @@ def fake_run(tmp_path, qwen_tokenizer, monkeypatch):
 
     def run(urls: list[str], *overrides: str):
         g = _params("generate.max_num_seqs=2", "generate.unit_size=2", "generate.request_timeout_s=5", *overrides)
-        cfg = WorkerConfig(
-            gparams=g.generate,
-            model="fake",
-            model_name="fake",
-            revision="",
-            seed=0,
-            trust_remote_code=False,
-            template_kwargs=template_kwargs(False, {}),
-            run_dir=str(tmp_path),
-            run_hash="h",
-        )
+        cfg = fake_worker_config(tmp_path, g.generate)
         units = make_units(convs, 2)
-        versions = {u: "fake-1" for u in urls}
-        d = client.ServersDispatcher(units, cfg, g.generate, versions, "m", qwen_tokenizer, count_prompts(convs), 0)
+        d = client.ServersDispatcher(units, cfg, g.generate, urls, "m", qwen_tokenizer, count_prompts(convs), 0)
         result = d.run()
         rows = [r for s in list_shards(tmp_path, "unit-*.arrow") for r in read_arrow(s).to_pylist()]
         return result, rows, units
@@ -240,13 +231,15 @@ def test_failed_requests_are_retried(fake_run, qwen_tokenizer, how):
     srv.stop()
 
 
-def test_a_request_failing_past_max_unit_retries_fails_only_its_unit(fake_run, qwen_tokenizer):
+def test_a_request_failing_past_max_unit_retries_is_a_failed_turn(fake_run, qwen_tokenizer):
     srv = FakeServer(_answer(qwen_tokenizer))
-    srv.failures = ["500"] * 2  # max_num_seqs=2: the first two requests, both of unit 0, fail
+    srv.failures = ["500"] * 2  # max_num_seqs=2: the first two requests, c0:0 and c1:0 of unit 0, fail
     result, rows, units = fake_run([srv.url], "generate.max_unit_retries=0")
-    assert [f["unit"] for f in result.failed_units] == [0]
-    assert "HTTP 500" in result.failed_units[0]["error"]
-    assert {r["conversation_id"] for r in rows} == {f"c{i}" for i in range(2, 6)}  # the other units committed
+    assert not result.failed_units and sorted(t["sample_id"] for t in result.failed_turns) == ["c0:0", "c1:0"]
+    assert all("HTTP 500" in t["error"] for t in result.failed_turns)
+    status = {r["sample_id"]: (r["status"], r["skip_reason"]) for r in rows}
+    assert status["c0:0"] == ("failed", "request_failed") and status["c0:1"] == ("skipped", "earlier_turn_failed")
+    assert len(status) == 8 and [s for s, _ in status.values()].count("completed") == 4  # every other unit committed
     srv.stop()
 
 
@@ -287,7 +280,9 @@ def test_model_identity_is_checked(qwen_tokenizer):
         servers.check_servers([srv.url], "m", g)
     with pytest.raises(UserError, match=rf"{srv.url} serves 'other' with max_model_len 512, below .* 1024"):
         servers.check_servers([srv.url], "other", g)
-    assert servers.check_servers([srv.url], "other", _params("generate.max_model_len=512").generate) == {srv.url: ""}
+    assert servers.check_servers([srv.url], "other", _params("generate.max_model_len=512").generate) == {
+        srv.url: "fake-1"
+    }
     srv.stop()
 
 

@@ -17,14 +17,16 @@ the prompt echoed as `prompt_token_ids` like vLLM with return_token_ids). `mode`
     reset         closes the connection without a reply (TCP reset)
     sick          like error, and /health answers 503
 
-`fail_if(prompt_ids)` -> True makes that one request fail with HTTP 500 whatever the mode (a poison request).
+`script`: the modes of the next requests, in order (then `mode` again). `fail_if(prompt_ids)` -> True makes that
+one request fail at once with HTTP 500 whatever the mode (a poison request).
 A server runs on its own event loop in a daemon thread (`FakeServer`), or several in the foreground of one
 process for the client benchmark (the address of each is printed, one per line, then it serves until killed):
 
-    python -m dflash.generate.fake_server --servers 8 --completion-tokens 1500 [--vocab-size 151936]
+    python benchmarks/fake_openai_servers.py --servers 8 --completion-tokens 1500 [--vocab-size 151936]
 
 Only the stdlib (asyncio with uvloop when it is installed, as the client uses): a server costs the benchmark's
-client little CPU on the same cores. HTTP/1.1 with keep-alive, no pipelining, no chunked bodies.
+client little CPU on the same cores. HTTP/1.1 with keep-alive, no pipelining, no chunked bodies. Imported by
+tests/test_generate_faults.py and tests/test_generate_client.py; run by benchmarks/generate_client.py.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class _Server:
         self.completion, self.text = completion, text
         self.model, self.max_model_len, self.vocab_size = model, max_model_len, vocab_size
         self.mode = "ok"
+        self.script: list[str] = []  # modes of the next requests, in order
         self.delay_s = 0.0
         self.fail_if: Callable[[list[int]], bool] | None = None
         self.received = 0  # completion requests received
@@ -92,14 +95,17 @@ class _Server:
             return 200, "application/json", self._models.encode(), {}
         return 404, "application/json", b"{}", {}
 
-    def reply(self, body: bytes) -> tuple[int, str, bytes, dict] | None:
-        """The answer to POST /v1/completions (None: close the connection without one)."""
+    def reply(self, body: bytes) -> tuple[str, tuple[int, str, bytes, dict] | None]:
+        """(the mode it was answered in, the answer to POST /v1/completions; None: close the connection)."""
         self.received += 1
         req = json.loads(body)
         prompt, max_tokens = req.get("prompt") or [], int(req.get("max_tokens") or 16)
         if self.fail_if is not None and self.fail_if(prompt):
-            return 500, "application/json", b'{"error": "poison request"}', {}
-        mode = self.mode
+            return "error", (500, "application/json", b'{"error": "poison request"}', {})
+        mode = self.script.pop(0) if self.script else self.mode
+        return mode, self._answer(mode, prompt, max_tokens)
+
+    def _answer(self, mode: str, prompt: list[int], max_tokens: int) -> tuple[int, str, bytes, dict] | None:
         if mode in ("error", "sick"):
             return 500, "application/json", b'{"error": "internal error"}', {}
         if mode == "reset":
@@ -173,20 +179,20 @@ class _Connection(asyncio.Protocol):
         method, path = head[0].split(" ")[:2]
         close = fields.get("connection", "").lower() == "close" or head[0].endswith("HTTP/1.0")
         srv = self.server
-        answer = srv.get(path) if method == "GET" else srv.reply(body)
+        mode, answer = ("", srv.get(path)) if method == "GET" else srv.reply(body)
         if answer is None:  # reset: abort the connection, which the client reads as a reset
             self.transport.abort()
             return
-        if method == "POST" and (srv.mode == "hang" or srv.delay_s):
+        if method == "POST" and (mode == "hang" or srv.delay_s):
             self.busy = True
-            task = asyncio.get_running_loop().create_task(self._later(answer, close))
+            task = asyncio.get_running_loop().create_task(self._later(answer, close, hang=mode == "hang"))
             srv.waiting.add(task)  # held, or the loop could garbage-collect a hanging answer mid-wait
             task.add_done_callback(srv.waiting.discard)
             return
         self._send(answer, close)
 
-    async def _later(self, answer, close: bool) -> None:
-        if self.server.mode == "hang":
+    async def _later(self, answer, close: bool, hang: bool) -> None:
+        if hang:
             await asyncio.Event().wait()  # until the server stops (the task is cancelled with the loop)
         await asyncio.sleep(self.server.delay_s)
         self.busy = False
@@ -212,8 +218,9 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 class FakeServer:
-    """A fake server on 127.0.0.1 served from a daemon thread: `url` (…/v1), `mode`, `delay_s`, `fail_if`,
-    `answered` (prompts given a valid reply), `received`; `stop()` closes it (later connections are refused)."""
+    """A fake server on 127.0.0.1 served from a daemon thread: `url` (…/v1), `mode`, `script`, `delay_s`, `fail_if`,
+    `answered` (prompts given a valid reply), `received`; `stop()` (or leaving a `with` block) closes it: later
+    connections are refused."""
 
     def __init__(
         self,
@@ -249,12 +256,18 @@ class FakeServer:
         return getattr(self.__dict__["_srv"], name)
 
     def __setattr__(self, name: str, value) -> None:
-        if name in ("mode", "delay_s", "fail_if", "keep_prompts"):
-            if name == "mode" and value not in MODES:
-                raise ValueError(f"unknown fake server mode {value!r}")
+        if name in ("mode", "script", "delay_s", "fail_if", "keep_prompts"):
+            if name == "mode" and value not in MODES or name == "script" and not set(value) <= set(MODES):
+                raise ValueError(f"unknown fake server mode in {value!r}")
             setattr(self._srv, name, value)
         else:
             super().__setattr__(name, value)
+
+    def __enter__(self) -> FakeServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         async def close() -> None:
