@@ -109,6 +109,7 @@ class ServersDispatcher:
         self.servers: list[Server] = []
         self.tokens = 0
         self.completions = 0
+        self.closing = False  # the run is ending: cancelled requests must not send new ones
         self.last_done: float | None = None
 
     # ------------------------------------------------------------------------------------------ bookkeeping
@@ -183,6 +184,9 @@ class ServersDispatcher:
             entry = server.inflight.get(req.sid)
             if entry is not None and entry[0] is asyncio.current_task():
                 del server.inflight[req.sid]
+            if not self.closing:  # refill the slot now, not when the main loop next runs (keeps servers full)
+                self.open_units()
+                self.send()
             self.wake.set()
 
     def _succeeded(self, server: Server, req: Request, out: Completion) -> None:
@@ -370,6 +374,7 @@ class ServersDispatcher:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.wake.wait(), self._deadline())
             finally:
+                self.closing = True
                 tasks = [t for s in self.servers for t, _ in s.inflight.values()]
                 tasks += [t for s in self.servers for t in (s.probe, s.health_check) if t is not None]
                 for t in tasks:

@@ -15,8 +15,10 @@ not asked again. The policies are dflash/generate/stage.py's; the backends only 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,15 @@ import pyarrow as pa
 
 from dflash.core.contracts import GENERATED_SCHEMA
 from dflash.core.io import write_arrow
-from dflash.generate.contract import CRASH_ENV, Unit, WorkerConfig, generation_targets, request_seed, split_reasoning
+from dflash.generate.contract import (
+    CRASH_ENV,
+    FastDecode,
+    Unit,
+    WorkerConfig,
+    generation_targets,
+    request_seed,
+    split_reasoning,
+)
 
 FAILED = "failed"  # GENERATED_SCHEMA status of a turn that could not be generated
 AFTER_FAILED = "earlier_turn_failed"  # skip_reason of the later turns of its conversation
@@ -47,6 +57,29 @@ def resumable(rows: list[dict]) -> list[dict]:
     """The rows of a committed shard a rerun keeps: all but its failed turns and the turns skipped after them
     (those are asked again)."""
     return [r for r in rows if r["status"] != FAILED and r["skip_reason"] != AFTER_FAILED]
+
+
+assert array("i").itemsize == 4, "token id columns are built from C ints as int32"
+_ID_LISTS = pa.list_(pa.int32())
+
+
+def _id_lists(values: list) -> pa.Array:
+    """A list<int32> column built from the ids' bytes (lists or array("i")s): pyarrow's conversion of Python int
+    lists costs about 0.6 us an id, most of the client's time per 1,500-token row at cluster scale."""
+    arrays = [v if isinstance(v, array) else array("i", v) for v in values]
+    offsets = array("i", itertools.accumulate(map(len, arrays), initial=0))
+    flat = b"".join(a.tobytes() for a in arrays)
+    ids = pa.Array.from_buffers(pa.int32(), len(flat) // 4, [None, pa.py_buffer(flat)])
+    return pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]), ids)
+
+
+def rows_table(rows: list[dict]) -> pa.Table:
+    """GENERATED_SCHEMA rows as a table (the same table pa.Table.from_pylist makes, 20x faster on long replies)."""
+    columns = []
+    for f in GENERATED_SCHEMA:
+        values = [r[f.name] for r in rows]
+        columns.append(_id_lists(values) if f.type == _ID_LISTS else pa.array(values, type=f.type))
+    return pa.Table.from_arrays(columns, schema=GENERATED_SCHEMA)
 
 
 @dataclass
@@ -72,6 +105,7 @@ class TurnBook:
         self.cfg, self.tokenizer, self.on_row = cfg, tokenizer, on_row
         self.engine_version = engine_version  # rows record it (a request's own server version wins)
         self.think_end = think_end_id(tokenizer)
+        self.decoder = FastDecode(tokenizer)
         self.units: dict[int, dict] = {}  # unit index -> {"unit", "rows", "pending"}
         self.requests: dict[str, tuple[Request, _ConvState]] = {}  # in flight (or queued) by sample id
         self.failed_turns: list[dict] = []  # {"sample_id", "reason", "error"} recorded by this book
@@ -193,13 +227,13 @@ class TurnBook:
     ) -> Request | None:
         """Record a finished request; the same conversation's next request (None when it is done)."""
         req, state = self.requests.pop(sid)
-        reasoning, answer, has_end = split_reasoning(self.tokenizer, completion, self.think_end)
+        reasoning, answer, has_end = split_reasoning(self.decoder, completion, self.think_end)
         r = self.row(
             state,
             state.k,
             engine_version,
-            prompt_ids=req.ids,
-            completion_ids=completion,
+            prompt_ids=array("i", req.ids),  # 4 bytes an id while the row waits for its unit, not 36
+            completion_ids=array("i", completion),
             text=text,
             reasoning=reasoning,
             answer=answer,
@@ -236,7 +270,7 @@ class TurnBook:
             u = self.units.pop(uidx)
             order = {c["conversation_id"]: i for i, c in enumerate(u["unit"].conversations)}
             rows = sorted(u["rows"], key=lambda r: (order[r["conversation_id"]], r["turn_index"]))
-            write_arrow(Path(self.cfg.run_dir) / u["unit"].name, pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA))
+            write_arrow(Path(self.cfg.run_dir) / u["unit"].name, rows_table(rows))
             tokens = sum(r["num_completion_tokens"] for r in rows if r["status"] == "completed")
             done_units.append((uidx, len(rows), tokens))
         return done_units
