@@ -39,7 +39,7 @@ def failure_message(metrics: dict) -> str | None:
     units = metrics.get("units_failed") or []
     if units:
         parts.append(
-            f"{len(units)} work unit(s) failed whole: "
+            f"{len(units)} work unit(s) failed after retries, whole: "
             + ", ".join(f"{f['name']} ({_why(f)}, {f['attempts']} attempts)" for f in units)
         )
     return (
