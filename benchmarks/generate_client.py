@@ -4,7 +4,8 @@ with 1,500-token replies (benchmarks/fake_openai_servers.py, all of them in one 
 For each in-flight level (default 256, 1,024, 4,096, 8,192 = `--servers` x max_num_seqs), a fresh process runs
 the real client (dflash.generate.client.ServersDispatcher: rendering with the real Qwen3 tokenizer and chat
 template, reply validation, the reasoning split, rows, zstd shard commits into a temp folder) over
-`--conversations` single-turn conversations, and reports:
+`--conversations` single-turn conversations (default max(20,000, 5 x the level): the client renders up to 2 x the
+level ahead, so fewer would leave the measured window without the rendering a steady state has), and reports:
   completions/s        completions between 10 % and 90 % of the run / the time between (ramp-up and drain out)
   in flight            the client's requests in flight, sampled every 0.1 s over the same window (mean)
   client CPU s / 1000  user + system CPU seconds of the client process per 1,000 completions (whole run)
@@ -173,7 +174,8 @@ def measure(tree: str, level: int, args: argparse.Namespace, no_uvloop: bool = F
     try:
         with tempfile.TemporaryDirectory() as run_dir:
             cmd = [sys.executable, __file__, "--child", "--tree", tree, "--level", str(level), "--run-dir", run_dir]
-            cmd += ["--urls", ",".join(urls), "--conversations", str(args.conversations)]
+            n = args.conversations or max(20000, 5 * level)
+            cmd += ["--urls", ",".join(urls), "--conversations", str(n)]
             cmd += ["--completion-tokens", str(args.completion_tokens)] + (["--no-uvloop"] if no_uvloop else [])
             before = cpu_s(servers.pid)
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree)
@@ -181,6 +183,7 @@ def measure(tree: str, level: int, args: argparse.Namespace, no_uvloop: bool = F
                 raise SystemExit(f"level {level} in {tree} failed:\n{out.stderr[-3000:]}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
             result["servers_cpu_s_per_1000"] = (cpu_s(servers.pid) - before) / result["completions"] * 1000
+            result["conversations"] = n
             return result
     finally:
         servers.kill()
@@ -204,7 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="256,1024,4096,8192", help="requests in flight, comma-separated")
     parser.add_argument("--servers", type=int, default=8, help="fake servers (each level is split over them)")
-    parser.add_argument("--conversations", type=int, default=20000)
+    parser.add_argument("--conversations", type=int, default=0, help="0 = max(20000, 5 x the level)")
     parser.add_argument("--completion-tokens", type=int, default=1500)
     parser.add_argument("--baseline", default="", help="git revision whose client runs beside this one")
     parser.add_argument("--stdlib-loop", action="store_true", help="also run this client on the stdlib event loop")
@@ -233,16 +236,17 @@ def main() -> None:
                 rows.append((name, level, r))
                 print(f"  measured {name} at {level}: {json.dumps(r)}", file=sys.stderr, flush=True)
     print(
-        f"{args.conversations} single-turn conversations, {args.completion_tokens}-token replies, {args.servers} fake "
-        f"servers in one process on the same machine ({os.cpu_count()} cores shared by the client and the servers)"
+        f"single-turn conversations, {args.completion_tokens}-token replies, {args.servers} fake servers in one "
+        f"process on the same machine ({os.cpu_count()} cores shared by the client and the servers)"
     )
-    head = ("client", "level", "in flight", "completions/s", "client CPU s/1000", "peak RSS GB", "servers CPU s/1000")
+    head = ("client", "level", "conversations", "in flight", "completions/s", "client CPU s/1000", "peak RSS GB")
+    head += ("servers CPU s/1000",)
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for name, level, r in rows:
         print(
-            f"| {name} | {level} | {r['in_flight']:.0f} | {r['completions_per_s']:.0f} | {r['cpu_s_per_1000']:.2f} | "
-            f"{r['peak_rss_gb']:.2f} | {r['servers_cpu_s_per_1000']:.2f} |"
+            f"| {name} | {level} | {r['conversations']} | {r['in_flight']:.0f} | {r['completions_per_s']:.0f} | "
+            f"{r['cpu_s_per_1000']:.2f} | {r['peak_rss_gb']:.2f} | {r['servers_cpu_s_per_1000']:.2f} |"
         )
 
 

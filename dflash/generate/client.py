@@ -129,6 +129,7 @@ class ServersDispatcher:
         while self.units and len(self.ready) + self.in_flight() + len(self.delayed) < 2 * cap:
             self.ready.extend(self.book.start_unit(self.units.pop(0)))
             self.commit()  # units whose every prompt was skipped
+            self.send()  # the servers start on this unit while the next ones are rendered
 
     def commit(self) -> None:
         if self.book.commit_finished():
