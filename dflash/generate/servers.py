@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +147,7 @@ def request_body(req: Request, g: GenerateParams, model: str, max_tokens: int | 
     s = g.sampling
     body = {
         "model": model,
-        "prompt": req.ids,
+        "prompt": list(req.ids),
         "max_tokens": max_tokens or s.max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -199,7 +199,7 @@ def http_failure(url: str, status: int, body: bytes, retry_after: str | None) ->
 
 
 def parse_reply(
-    url: str, body: bytes, content_type: str, sent: list[int], max_tokens: int, vocab_size: int
+    url: str, body: bytes, content_type: str, sent: Sequence[int], max_tokens: int, vocab_size: int
 ) -> Completion:
     """Validate a 200 answer to the completion of prompt `sent` before anything of it is stored: JSON with
     choices[0].token_ids, every id an int in [0, vocab_size), at most max_tokens of them (at least one), a
@@ -234,7 +234,7 @@ def parse_reply(
     if len(ids) > max_tokens:
         raise ServerError(url, f"{len(ids)} token ids, more than max_tokens {max_tokens}")
     echo = choice.get("prompt_token_ids")
-    if echo is not None and echo != sent:
+    if echo is not None and echo != list(sent):
         at = next((i for i, (a, b) in enumerate(zip(sent, echo, strict=False)) if a != b), min(len(sent), len(echo)))
         raise ServerError(
             url,

@@ -111,8 +111,8 @@ def _worker_loop(engine_index: int, cfg: WorkerConfig, inbox: mp.Queue, outbox: 
                 stop=list(s.stop) or None,
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
-            engine.add_request(req.sid, TokensPrompt(prompt_token_ids=req.ids), sp)
-            poisoned = poisoned or bool(poison and poison in tokenizer.decode(req.ids))
+            engine.add_request(req.sid, TokensPrompt(prompt_token_ids=list(req.ids)), sp)
+            poisoned = poisoned or bool(poison and poison in tokenizer.decode(list(req.ids)))
 
     def commit_finished() -> None:
         for uidx, prompts, tokens in book.commit_finished():
