@@ -18,7 +18,9 @@ the prompt echoed as `prompt_token_ids` like vLLM with return_token_ids). `mode`
     sick          like error, and /health answers 503
 
 `script`: the modes of the next requests, in order (then `mode` again). `fail_if(prompt_ids)` -> True makes that
-one request fail at once with HTTP 500 whatever the mode (a poison request).
+one request fail at once with HTTP 500 whatever the mode (a poison request). `hold()` -> False holds every
+completion answer (polled) until it returns True, or until HOLD_MAX_S after the first answer held: a test orders
+events by what happened, not by the clock, so it passes on a loaded machine as on an idle one.
 A server runs on its own event loop in a daemon thread (`FakeServer`), or several in the foreground of one
 process for the client benchmark (the address of each is printed, one per line, then it serves until killed):
 
@@ -36,6 +38,7 @@ import asyncio
 import json
 import random
 import threading
+import time
 from collections.abc import Callable
 
 MODES = (
@@ -53,6 +56,7 @@ MODES = (
     "sick",
 )
 HTML_PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
+HOLD_MAX_S = 60.0  # held answers go out this long after the first was held (the test then fails on its checks)
 _REASONS = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error", 503: "Unavailable"}
 
 
@@ -73,6 +77,8 @@ class _Server:
         self.mode = "ok"
         self.script: list[str] = []  # modes of the next requests, in order
         self.delay_s = 0.0
+        self.hold: Callable[[], bool] | None = None  # completions wait until it returns True
+        self.hold_ends: float | None = None  # monotonic time when holding stops whatever hold() says
         self.fail_if: Callable[[list[int]], bool] | None = None
         self.received = 0  # completion requests received
         self.answered: list[list[int]] = []  # prompts given a valid reply, in order
@@ -183,7 +189,7 @@ class _Connection(asyncio.Protocol):
         if answer is None:  # reset: abort the connection, which the client reads as a reset
             self.transport.abort()
             return
-        if method == "POST" and (mode == "hang" or srv.delay_s):
+        if method == "POST" and (mode == "hang" or srv.delay_s or srv.hold is not None):
             self.busy = True
             task = asyncio.get_running_loop().create_task(self._later(answer, close, hang=mode == "hang"))
             srv.waiting.add(task)  # held, or the loop could garbage-collect a hanging answer mid-wait
@@ -195,6 +201,11 @@ class _Connection(asyncio.Protocol):
         if hang:
             await asyncio.Event().wait()  # until the server stops (the task is cancelled with the loop)
         await asyncio.sleep(self.server.delay_s)
+        srv = self.server
+        if srv.hold is not None and srv.hold_ends is None:
+            srv.hold_ends = time.monotonic() + HOLD_MAX_S
+        while srv.hold is not None and not srv.hold() and time.monotonic() < srv.hold_ends:
+            await asyncio.sleep(0.01)
         self.busy = False
         self._send(answer, close)
 
@@ -218,7 +229,8 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 class FakeServer:
-    """A fake server on 127.0.0.1 served from a daemon thread: `url` (…/v1), `mode`, `script`, `delay_s`, `fail_if`,
+    """A fake server on 127.0.0.1 served from a daemon thread: `url` (…/v1), `mode`, `script`, `delay_s`, `hold`,
+    `fail_if`,
     `answered` (prompts given a valid reply), `received`; `stop()` (or leaving a `with` block) closes it: later
     connections are refused."""
 
@@ -256,7 +268,7 @@ class FakeServer:
         return getattr(self.__dict__["_srv"], name)
 
     def __setattr__(self, name: str, value) -> None:
-        if name in ("mode", "script", "delay_s", "fail_if", "keep_prompts"):
+        if name in ("mode", "script", "delay_s", "hold", "fail_if", "keep_prompts"):
             if name == "mode" and value not in MODES or name == "script" and not set(value) <= set(MODES):
                 raise ValueError(f"unknown fake server mode in {value!r}")
             setattr(self._srv, name, value)

@@ -120,15 +120,25 @@ def test_backoff_grows_and_is_capped():
 # ------------------------------------------------------------------------------------------ fake servers
 
 
+HOLD_MAX_S = 60.0  # held completions are answered this long after the first was held (the test then fails)
+
+
 class FakeServer:
     """An OpenAI-style server on 127.0.0.1: /health, /v1/models, /v1/completions with a fixed completion.
     `failures`: behaviours of the next completion requests, in order ("500": HTTP 500; "reset": TCP reset);
-    `sick`: /health answers 503 and every completion HTTP 500; `delay_s`: seconds before each completion."""
+    `sick`: /health answers 503 and every completion HTTP 500 (`sick_health_checks` > 0: it recovers after that
+    many /health answers); `delay_s`: seconds before each completion; `hold`: completions wait until it returns
+    True (polled; until HOLD_MAX_S after the first was held), so a test orders events by what happened, not by
+    the clock."""
 
     def __init__(self, completion: list[int], model: str = "m", max_model_len: int = 1024):
         self.completion, self.model, self.max_model_len = completion, model, max_model_len
         self.failures: list[str] = []  # queued behaviours for the next requests: "500" | "reset"
         self.sick, self.delay_s = False, 0.0
+        self.sick_health_checks = 0  # > 0: sick for this many /health answers, then well
+        self.hold = None  # a callable: completions are answered once it returns True
+        self.hold_ends: float | None = None  # monotonic time when holding stops whatever hold() says
+        self.sick_completions = 0  # completions answered HTTP 500 because it was sick
         self.seen: list[list[int]] = []  # prompts answered
         self.lock = threading.Lock()
         fake = self
@@ -147,7 +157,12 @@ class FakeServer:
 
             def do_GET(self):
                 if self.path == "/health":
-                    self._json(503 if fake.sick else 200, {})
+                    with fake.lock:
+                        sick = fake.sick
+                        if sick and fake.sick_health_checks > 0:
+                            fake.sick_health_checks -= 1
+                            fake.sick = fake.sick_health_checks > 0
+                    self._json(503 if sick else 200, {})
                 elif self.path == "/v1/models":
                     self._json(200, {"data": [{"id": fake.model, "max_model_len": fake.max_model_len}]})
                 elif self.path == "/version":
@@ -159,8 +174,15 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
                     how = fake.failures.pop(0) if fake.failures else ""
-                how = "500" if fake.sick else how
+                    if fake.sick:
+                        how = "500"
+                        fake.sick_completions += 1
                 time.sleep(fake.delay_s)
+                with fake.lock:
+                    if fake.hold is not None and fake.hold_ends is None:
+                        fake.hold_ends = time.monotonic() + HOLD_MAX_S
+                while fake.hold is not None and not fake.hold() and time.monotonic() < fake.hold_ends:
+                    time.sleep(0.01)
                 if how == "reset":
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     self.connection.close()
@@ -253,12 +275,17 @@ def test_a_dead_server_is_marked_down_and_its_requests_move(fake_run, qwen_token
 
 
 def test_a_down_server_that_answers_again_is_used_again(fake_run, qwen_tokenizer, monkeypatch):
+    """`sick` fails its first completion, answers /health 503 (down) and 503 again to its first probe, then is
+    well; `slow` holds every reply until `sick` has answered a completion after rejoining, so the run outlasts
+    the rejoin however loaded the machine is. A client that never probed again would leave `sick` at 0 prompts."""
     monkeypatch.setattr(client, "REPROBE_S", 0.05)
     sick, slow = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
-    sick.sick, slow.delay_s = True, 0.5  # sick: marked down at its first request; slow keeps the run going (>2 s)
-    threading.Timer(0.2, lambda: setattr(sick, "sick", False)).start()
-    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0")
-    assert not result.failed_units and len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
+    sick.sick, sick.sick_health_checks = True, 2
+    slow.hold = lambda: len(sick.seen) >= 2  # the probe's completion, then one of the run's
+    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0", "generate.request_timeout_s=120")
+    assert sick.sick_completions >= 1, "sick was never asked while it was down: the test proves nothing"
+    assert not result.failed_units and not result.failed_turns
+    assert len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
     assert result.per_engine[0].prompts >= 1  # every completion it answered came after it was marked down
     sick.stop()
     slow.stop()
