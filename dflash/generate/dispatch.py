@@ -97,6 +97,9 @@ class Dispatcher:
         # Units a worker holds at once: enough queued conversations (2 x max_num_seqs) that the engine's batch
         # stays full while a unit's last, longest requests finish and the next unit is on its way.
         self.max_held = max(2, -(-2 * g.max_num_seqs // max(1, g.unit_size)) + 1)
+        n = g.num_engines
+        labels = [f"engine {i}" for i in range(n)]  # (message handlers and reap() label and count on these bars)
+        self.progress = Progress("generate (all)", total_prompts, done, labels, f"starting {n} engine(s)")
 
     def spawn(self, i: int) -> None:
         inbox = self.ctx.Queue()
@@ -259,10 +262,6 @@ class Dispatcher:
 
     def run(self) -> DispatchResult:
         n = self.g.num_engines
-        labels = [f"engine {i}" for i in range(n)]
-        self.progress = Progress(
-            "generate (all)", self.total_prompts, self.done_prompts, labels, f"starting {n} engine(s)"
-        )
         self.t_start = time.time()
         for i in range(n):
             self.spawn(i)
