@@ -1,6 +1,7 @@
 """Asynchronous HTTP to OpenAI-compatible servers: the servers backend sends every request of a run over one
 aiohttp session on one event loop, so thousands of requests in flight cost sockets and small coroutine frames,
-not a thread each (threads took 1.77 GB of RSS at 8,192 in flight: docs/results/generation.md).
+not a thread each (a thread each took 2.11 GB of RSS at 8,192 in flight, this 0.92 GB:
+docs/results/generation-at-scale.md).
 
     run_async(coro)                          runs `coro` on a fresh event loop (uvloop when installed)
     new_session(g)                           the aiohttp session: no connection cap of its own (the client caps
