@@ -20,8 +20,32 @@ def add_args(parser):
 
 
 def _why(failed_unit: dict) -> str:
-    """A failed unit's cause: the request error (servers backend) or the worker's exit code (engines)."""
+    """A unit given up on whole: why (its engine kept dying outside any request)."""
     return failed_unit.get("error") or f"exit code {failed_unit['exit_code']}"
+
+
+def failure_message(metrics: dict) -> str | None:
+    """One line on what failed (failed turns by reason, units given up on whole), or None."""
+    if not metrics.get("num_failed"):
+        return None
+    parts = []
+    by_reason = {k: v for k, v in (metrics.get("failed_by_reason") or {}).items() if k != "unit_failed"}
+    if by_reason:
+        turns = sum(by_reason.values())
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(by_reason.items()))
+        shown = metrics.get("failed_turns") or []
+        example = f"; e.g. {shown[0]['sample_id']}: {shown[0]['error']}" if shown else ""
+        parts.append(f"{turns} turn(s) failed ({reasons}{example})")
+    units = metrics.get("units_failed") or []
+    if units:
+        parts.append(
+            f"{len(units)} work unit(s) failed after retries, whole: "
+            + ", ".join(f"{f['name']} ({_why(f)}, {f['attempts']} attempts)" for f in units)
+        )
+    return (
+        "generate: " + "; ".join(parts) + ". Every other row is committed; a re-run asks again for exactly what failed "
+        "(reports/generate_details.json lists it: fix the cause first)."
+    )
 
 
 def main(params, args):
@@ -33,13 +57,9 @@ def main(params, args):
         {k: metrics.get(k) for k in keys if k in metrics}
         | ({"estimated_total_hours": metrics["estimated_total_hours"]} if args.pilot else {})
     )
-    failed = metrics.get("units_failed") or []
-    if failed:
-        raise UserError(
-            f"generate: {len(failed)} work unit(s) failed after retries ({metrics['num_failed']} prompts): "
-            + ", ".join(f"{f['name']} ({_why(f)}, {f['attempts']} attempts)" for f in failed)
-            + ". Completed units are kept; fix the cause and re-run to finish them."
-        )
+    message = failure_message(metrics)
+    if message:
+        raise UserError(message)
 
 
 if __name__ == "__main__":

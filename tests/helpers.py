@@ -48,6 +48,25 @@ def generate_cmd(ws, target, *extra: str) -> list[str]:
     return cmd
 
 
+def fake_worker_config(run_dir, g, vocab_size: int = 151936):
+    """A generate WorkerConfig for a client run against fake servers (model "fake", thinking off, Qwen3's vocab)."""
+    from dflash.core.chat import template_kwargs
+    from dflash.generate.contract import WorkerConfig
+
+    return WorkerConfig(
+        gparams=g,
+        model="fake",
+        model_name="fake",
+        revision="",
+        seed=0,
+        trust_remote_code=False,
+        template_kwargs=template_kwargs(False, {}),
+        run_dir=str(run_dir),
+        run_hash="h",
+        vocab_size=vocab_size,
+    )
+
+
 def write_conversations(path, conversations, tools=None):
     """Write hand-made conversations in the audit stage's conversations.arrow contract (for tests of
     later stages that must not depend on the audit implementation)."""

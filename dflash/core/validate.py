@@ -101,6 +101,9 @@ GENERATE = {
     "max_unit_retries": at_least(0),
     "pilot_samples": at_least(0),
     "request_timeout_s": POSITIVE,
+    "server_failures_in_a_row": at_least(1),
+    "server_failure_share": SHARE,
+    "server_failure_window": at_least(1),
     **ENGINE,
     "max_num_seqs": (">= 1 or auto", lambda v: v == "auto" or (isinstance(v, int) and v >= 1)),
 }

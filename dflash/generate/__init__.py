@@ -2,16 +2,25 @@
 
   contract.py   units, the worker config, worker -> dispatcher messages, the turn policy, request seeds
   engines.py    vLLM engine arguments and device pinning of a worker
-  turns.py      the per-conversation turn logic and the unit commit, shared by both backends
-  worker.py     one process, one engine: streams the turns of its units, commits unit shards atomically
-  dispatch.py   keeps every worker fed, retries a dead worker's units alone, progress bars
-  servers.py    OpenAI-compatible servers: local api_server launch, model identity check, one request
-  client.py     backend `servers`: the stage as a client of servers (load cap, retries, failover)
+  turns.py      the per-conversation turn logic, failed turns, resuming a unit from its rows, the unit commit
+                (shared by both backends)
+  progress.py   progress bars whose clock starts when the engines / servers are up (both backends, the sweep)
+  worker.py     one process, one engine: streams the turns of its units, reports rows and submitted requests,
+                runs a unit's suspect requests last, commits unit shards atomically
+  dispatch.py   engines backend: keeps every worker fed, retries a dead worker's units alone, searches a unit
+                that keeps killing its engine for the poison request
+  servers.py    OpenAI-compatible servers: local api_server launch, model identity check, the request body, the
+                validation of a reply
+  endpoint.py   asynchronous HTTP to one server (aiohttp): a completion, /health, the identity check
+  health.py     a server's health from what it does: failures in a row, a failure share, endless backoffs
+  client.py     backend `servers`: the stage as an asynchronous client of servers (load cap, retries on other
+                servers, quarantine and probes, failed turns)
   sweep.py      the pilot's concurrency sweep on one server (the knee: dflash/core/concurrency.py)
   pilot.py      the pilot's throughput / output-length report and extrapolation
-  stage.py      the stage: run identity (hash), units, resume, metrics
+  stage.py      the stage: run identity (hash), units, resume (and re-opening units with failed turns), metrics
 
-The chain runs one way: contract <- turns <- worker <- dispatch <- stage, turns <- servers <- client / sweep
-<- stage (no cycle). May import: dflash.core, dflash.drafter. vLLM only inside the worker process (the servers
-backend talks HTTP to vLLM processes it starts as `python -m vllm.entrypoints.openai.api_server`).
+The chain runs one way: contract <- turns <- worker <- dispatch <- stage, progress <- dispatch / client /
+sweep, turns <- servers <- endpoint <- client / sweep <- stage, health <- client (no cycle). May import:
+dflash.core, dflash.drafter; aiohttp (endpoint.py). vLLM only inside the worker process (the servers backend
+talks HTTP to vLLM processes it starts as `python -m vllm.entrypoints.openai.api_server`).
 """

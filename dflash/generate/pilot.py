@@ -78,6 +78,8 @@ def pilot_report(
         "num_completed": metrics["num_completed"],
         "num_skipped": metrics["num_skipped"],
         "num_failed": metrics["num_failed"],
+        "failed_by_reason": metrics["failed_by_reason"],
+        "failed_turns": metrics["failed_turns"],
         "units_failed": metrics["units_failed"],
         "num_engines": engines,
         "backend": g.backend,

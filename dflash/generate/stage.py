@@ -20,22 +20,31 @@ Policies
   regenerated call would not match the recorded result; they are history, never training samples.
   After a truncated turn (finish_reason "length") the later turns of that conversation are skipped
   (their history would contain a cut-off answer).
-- Data parallel: `num_engines` worker processes, each owning one vLLM engine pinned to its devices
-  (CUDA_VISIBLE_DEVICES; `tensor_parallel_size` devices each). The main process is the dispatcher: a
-  shared queue of work units (chunks of `unit_size` conversations) from which it keeps every worker
-  fed; each worker streams requests through its engine (`LLMEngine.add_request` / `step`), so the
-  batch never drains between units and a multi-turn conversation's next turn is submitted the moment
-  its previous turn finishes.
+- Data parallel, two backends. `engines`: `num_engines` worker processes, each owning one vLLM engine
+  pinned to its devices (CUDA_VISIBLE_DEVICES; `tensor_parallel_size` devices each). The main process is
+  the dispatcher (dflash/generate/dispatch.py): it hands each worker whole work units (chunks of
+  `unit_size` conversations) over the worker's own inbox, a few at a time so that its engine's batch stays
+  full across unit boundaries; each worker streams requests through its engine (`LLMEngine.add_request` /
+  `step`), so a multi-turn conversation's next turn is submitted the moment its previous turn finishes.
+  `servers`: one asynchronous client process sends every turn to OpenAI-compatible servers (listed in
+  `server_urls`, or `num_engines` local ones), at most `max_num_seqs` in flight per server
+  (dflash/generate/client.py).
 - Resumable, nothing lost or duplicated: a unit's shard is written atomically (temp file + rename)
   only when all its conversations are done; the run folder name hashes everything that changes
   outputs (model + weights hash, tokenizer/template, template kwargs, sampling, max_model_len, dtype,
   quantization), so stale shards never mix in; a restart skips units whose shard exists. Requests
   carry a seed derived from the sample id, so a resumed run reproduces the same outputs.
-- Failures: a worker that dies (engine crash) is restarted; its in-flight units are retried alone
-  (so a bad unit cannot take innocent ones down with it) up to `max_unit_retries`, then recorded as
-  failed. Prompts longer than the context and empty prompts are recorded as skipped, never a crash.
-  `completed + skipped + failed == prompts` in reports/generate.json; the stage fails at the end if
-  anything failed, saying what.
+- Failures are one turn wide. Servers backend: every reply is validated before it is stored (token ids
+  inside the target's vocabulary, at most max_tokens, a known finish reason); a server whose requests keep
+  failing is quarantined and its requests move to the others; a request that fails on `max_unit_retries` + 1
+  tries (on different servers when there are) is a failed turn. Engines backend: an engine death loses no
+  finished row, and a unit whose engine dies twice is searched for the request that kills it, which becomes
+  the failed turn. A failed turn is a row with status `failed` (reason in `skip_reason`); its conversation's
+  later turns are skipped (`earlier_turn_failed`) and the rest of its unit is committed. A rerun re-opens the
+  shards that hold failed turns and asks for exactly those turns (and the turns they had skipped). Prompts
+  longer than the context and empty prompts are recorded as skipped, never a crash. `completed + skipped +
+  failed == prompts` in reports/generate.json (failed turns counted by reason); the stage fails at the end if
+  anything failed, saying what, and `current.json` names the run only when nothing did.
 
 Data contract: one row per regenerated turn, GENERATED_SCHEMA in dflash/core/contracts.py.
 """
@@ -59,13 +68,14 @@ from dflash.core.io import config_hash, file_sha256, list_shards, read_arrow, wr
 from dflash.core.loader import as_dict
 from dflash.core.metrics import write_metrics
 from dflash.core.params import Params
-from dflash.core.target_config import check_cpu_hybrid, resolve, target_signature
+from dflash.core.target_config import check_cpu_hybrid, load_target_arch, resolve, target_signature
 from dflash.core.validate import check_generate
 from dflash.generate.client import serve, server_kwargs
 from dflash.generate.contract import Unit, WorkerConfig, count_prompts
 from dflash.generate.dispatch import DispatchResult, dispatch
 from dflash.generate.pilot import PILOT_HEADLINE, percentile, pilot_report
 from dflash.generate.sweep import run_sweep
+from dflash.generate.turns import FAILED, resumable
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,7 @@ HEADLINE = (  # reports/generate.json, the DVC metrics (everything else: reports
     "num_completed",
     "num_skipped",
     "num_failed",
+    "failed_by_reason",
     "output_tokens",
     "output_tokens_per_s",
     "mean_output_tokens",
@@ -149,7 +160,21 @@ def make_units(conversations: list[dict], unit_size: int) -> list[Unit]:
 # ------------------------------------------------------------------------------- worker
 
 
-def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict) -> WorkerConfig:
+def target_vocab_size(params: Params, pilot: bool) -> int:
+    """The target's config.json vocab_size: a server's token ids must lie below it (the servers backend's reply
+    validation, the pilot's sweep). A target without a config.json cannot be served that way: a UserError."""
+    path = Path(params.base.target_dir) / "config.json"
+    if not path.exists():
+        if params.generate.backend == "servers" or (pilot and params.generate.pilot_sweep):
+            raise UserError(
+                f"{path}: missing; generate.backend: servers checks every token id a server sends against the "
+                "target's vocab_size (re-run the target stage where the model's config.json can be read)"
+            )
+        return 0  # the engines backend loads the model itself: its ids come from it
+    return load_target_arch(path).vocab_size
+
+
+def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict, pilot: bool = False) -> WorkerConfig:
     return WorkerConfig(
         gparams=params.generate,
         model=info["model"],
@@ -160,6 +185,7 @@ def _worker_cfg(params: Params, run_dir: Path, run_hash: str, info: dict) -> Wor
         template_kwargs=template_kwargs(params.base.enable_thinking, params.base.chat_template_kwargs),
         run_dir=str(run_dir),
         run_hash=run_hash,
+        vocab_size=target_vocab_size(params, pilot),
     )
 
 
@@ -169,8 +195,17 @@ def _tokenizer(cfg: WorkerConfig):
     return load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.revision)
 
 
+def shard_rows(shard: Path) -> list[dict]:
+    return read_arrow(shard).to_pylist()
+
+
+def failed_in(shard: Path) -> int:
+    """Failed turns in a committed shard (its status column only)."""
+    return sum(1 for v in read_arrow(shard).column("status").to_pylist() if v == FAILED)
+
+
 def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
-    """Counts over the committed shards of this run (reused + new)."""
+    """Counts over the committed shards of this run (reused + new); `failed`: units given up on whole."""
     wanted = {u.name for u in units}
     failed_names = {f["name"] for f in failed}
     rows = []
@@ -192,16 +227,22 @@ def summarize(run_dir: Path, units: list[Unit], failed: list[dict]) -> dict:
             )
     completed = [r for r in rows if r["status"] == "completed"]
     out_lens = [r["num_completion_tokens"] for r in completed]
-    reasons: dict[str, int] = {}
+    skipped: dict[str, int] = {}
+    failed_by_reason: dict[str, int] = {}
     for r in rows:
         if r["status"] == "skipped":
-            reasons[r["skip_reason"]] = reasons.get(r["skip_reason"], 0) + 1
-    n_failed = sum(count_prompts(u.conversations) for u in units if u.name in failed_names)
+            skipped[r["skip_reason"]] = skipped.get(r["skip_reason"], 0) + 1
+        elif r["status"] == FAILED:
+            failed_by_reason[r["skip_reason"]] = failed_by_reason.get(r["skip_reason"], 0) + 1
+    unit_prompts = sum(count_prompts(u.conversations) for u in units if u.name in failed_names)
+    if unit_prompts:
+        failed_by_reason["unit_failed"] = unit_prompts
     return {
         "num_completed": len(completed),
-        "num_skipped": len(rows) - len(completed),
-        "num_failed": n_failed,
-        "skipped_by_reason": reasons,
+        "num_skipped": sum(skipped.values()),
+        "num_failed": sum(failed_by_reason.values()),
+        "skipped_by_reason": skipped,
+        "failed_by_reason": failed_by_reason,
         "output_tokens": sum(out_lens),
         "prompt_tokens": sum(r["num_prompt_tokens"] for r in completed),
         "finish_length_frac": round(sum(r["finish_reason"] == "length" for r in completed) / max(1, len(completed)), 4),
@@ -263,21 +304,31 @@ def run(params: Params, pilot: bool = False) -> dict:
     for stale in list_shards(run_dir, "unit-*.arrow"):
         if stale.name not in wanted:
             stale.unlink()  # same run hash but different input: not part of this run
-    todo = [u for u in units if not (run_dir / u.name).exists()]
+    todo, reopened = [], 0
+    for u in units:
+        shard = run_dir / u.name
+        if not shard.exists():
+            todo.append(u)
+        elif not pilot and failed_in(shard):  # a rerun asks again for exactly its failed turns
+            u.done_rows = resumable(shard_rows(shard))
+            todo.append(u)
+            reopened += 1
     total = count_prompts(conversations)
     done_prompts = total - count_prompts([c for u in todo for c in u.conversations])
+    done_prompts += sum(len(u.done_rows) for u in todo)
     log.info(
-        "generate: %d conversations, %d prompts, %d units (%d already done) -> %s",
+        "generate: %d conversations, %d prompts, %d units (%d already done, %d re-opened for their failed turns) -> %s",
         len(conversations),
         total,
         len(units),
         len(units) - len(todo),
+        reopened,
         run_dir,
     )
     stats = DispatchResult(  # every unit was committed by an earlier run: nothing to dispatch
         failed_units=[], engine_start_s=[], per_engine={}, tokens_this_session=0, gen_wall_s=0.0, wall_s=0.0
     )
-    cfg = _worker_cfg(params, run_dir, run_hash, info)
+    cfg = _worker_cfg(params, run_dir, run_hash, info, pilot)
     if todo and g.backend == "servers":
         stats = serve(todo, cfg, g, total, done_prompts, served_model(params, info))
     elif todo:
@@ -292,7 +343,9 @@ def run(params: Params, pilot: bool = False) -> dict:
         "num_conversations": len(conversations),
         "num_units": len(units),
         "units_reused": len(units) - len(todo),
+        "units_reopened": reopened,
         "units_failed": stats.failed_units,
+        "failed_turns": stats.failed_turns,
         "num_engines": len(g.server_urls) if g.backend == "servers" and g.server_urls else g.num_engines,
         "engine_start_s": stats.engine_start_s,
         "generation_wall_s": round(stats.gen_wall_s, 2),
@@ -321,7 +374,7 @@ def run(params: Params, pilot: bool = False) -> dict:
         write_metrics(params.base.reports_dir, "pilot", metrics, PILOT_HEADLINE)
     else:
         write_metrics(params.base.reports_dir, "generate", metrics, HEADLINE)
-        if not stats.failed_units:
+        if not metrics["num_failed"]:
             write_json(
                 out_root / CURRENT_RUN_FILE, {"run_dir": run_dir.name, "run_hash": run_hash, "num_units": len(units)}
             )

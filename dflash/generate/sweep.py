@@ -14,23 +14,26 @@ level's output_tokens_per_s, and their latencies give p50 / p90. Requests still 
 unmeasured before the next level starts (levels never overlap). The knee rule: dflash/core/concurrency.py.
 
 Output: [{"max_num_seqs", "output_tokens_per_s", "requests_per_s", "p50_latency_s", "p90_latency_s",
-"measured_requests", "window_s"}] and the chosen level.
+"measured_requests", "window_s"}] and the chosen level. Requests go out as the stage's client sends them
+(dflash/generate/endpoint.py: asynchronous, replies validated). A progress bar counts every level's completions;
+it says so while the server starts and its clock starts when the server is up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from dflash.core.concurrency import knee
 from dflash.core.errors import UserError
 from dflash.core.params import GenerateParams
 from dflash.generate.contract import Unit, WorkerConfig
-from dflash.generate.servers import ServerError, check_servers, complete, local_servers
+from dflash.generate.endpoint import Endpoint, new_session, run_async
+from dflash.generate.progress import Progress
+from dflash.generate.servers import ServerError, check_servers, local_servers
 from dflash.generate.turns import Request, TurnBook
 
 log = logging.getLogger(__name__)
@@ -44,31 +47,41 @@ def sweep_prompts(conversations: list[dict], cfg: WorkerConfig, tokenizer: Any) 
     return book.start_unit(Unit(-1, conversations, "sweep"))
 
 
-def _timed(url: str, req: Request, g: GenerateParams, model: str) -> tuple[float, int]:
-    t0 = time.time()
-    out = complete(url, req, g, model)
-    return time.time() - t0, len(out["token_ids"])
+def level_requests(n: int) -> int:
+    """Completions a level of n in flight takes: n warm-up + max(2n, MIN_MEASURED) measured."""
+    return n + max(2 * n, MIN_MEASURED)
 
 
-def measure_level(url: str, prompts: list[Request], n: int, g: GenerateParams, model: str) -> dict:
+async def measure_level(endpoint: Endpoint, prompts: list[Request], n: int, progress: Progress | None = None) -> dict:
     """One level: n in flight, warm-up discarded, max(2n, MIN_MEASURED) completions measured (module docstring)."""
     warm, measured = n, max(2 * n, MIN_MEASURED)
     done: list[tuple[float, float, int]] = []  # (finished at, latency s, output tokens), in completion order
     sent = 0
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        inflight = set()
+
+    async def timed(req: Request) -> tuple[float, int]:
+        t0 = time.time()
+        out = await endpoint.complete(req)
+        return time.time() - t0, len(out.token_ids)
+
+    inflight: set[asyncio.Task] = set()
+    try:
         while len(done) < warm + measured:
             while len(inflight) < n:
-                inflight.add(pool.submit(_timed, url, prompts[sent % len(prompts)], g, model))
+                inflight.add(asyncio.create_task(timed(prompts[sent % len(prompts)])))
                 sent += 1
-            finished, inflight = wait_futures(inflight, return_when=FIRST_COMPLETED)
+            finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
             for f in finished:
                 try:
                     latency, tokens = f.result()
                 except ServerError as exc:
                     raise UserError(f"pilot sweep at {n} in flight: a request failed ({exc})") from None
                 done.append((time.time(), latency, tokens))
-        wait_futures(inflight)  # drain, unmeasured
+                if progress is not None:
+                    progress.update(1, 0, tokens)
+        await asyncio.wait(inflight)  # drain, unmeasured
+    finally:
+        for t in inflight:
+            t.cancel()
     window = done[warm : warm + measured]
     t0, t1 = done[warm - 1][0], window[-1][0]
     span = max(1e-9, t1 - t0)
@@ -92,21 +105,34 @@ def run_sweep(
     prompts = sweep_prompts(conversations, cfg, tokenizer)
     if not prompts:
         raise UserError("generate.pilot_sweep: the pilot sample has no prompt to send (every first turn is skipped)")
+    total = sum(level_requests(n) for n in levels)
+    label = g.server_urls[0] if g.server_urls else "local server"
+    starting = "checking the server" if g.server_urls else "starting a local server"
+    progress = Progress("pilot sweep", total, 0, [label], starting, unit="request")
 
-    def sweep_at(url: str) -> list[dict]:
+    async def sweep_at(url: str) -> list[dict]:
         rows = []
-        for n in levels:
-            rows.append(measure_level(url, prompts, n, g, model))
-            log.info("pilot sweep: %s", rows[-1])
+        async with new_session(g) as session:
+            endpoint = Endpoint(session, url, g, model, cfg.vocab_size)
+            progress.engine_up(0)
+            for n in levels:
+                progress.label(0, f"(level {n})")
+                rows.append(await measure_level(endpoint, prompts, n, progress))
+                log.info("pilot sweep: %s", rows[-1])
         return rows
 
-    if g.server_urls:
-        url = g.server_urls[0]
-        check_servers([url], model, g)
-        rows, start_s = sweep_at(url), None
-    else:
-        with local_servers(g, cfg.model, model, count=1, max_num_seqs=levels[-1], **server_kw) as servers:
-            url, start_s = servers[0]["url"], servers[0]["start_s"]
-            rows = sweep_at(url)
-        url = "local"
+    try:
+        if g.server_urls:
+            url = g.server_urls[0]
+            check_servers([url], model, g)
+            rows, start_s = run_async(sweep_at(url)), None
+        else:
+            with local_servers(
+                g, cfg.model, model, count=1, on_wait=progress.tick, max_num_seqs=levels[-1], **server_kw
+            ) as servers:
+                url, start_s = servers[0]["url"], servers[0]["start_s"]
+                rows = run_async(sweep_at(url))
+            url = "local"
+    finally:
+        progress.close()
     return {"sweep": rows, "chosen_max_num_seqs": knee(rows), "sweep_server": url, "sweep_server_start_s": start_s}

@@ -15,14 +15,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dflash.core import concurrency
-from dflash.core.chat import template_kwargs
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import list_shards, read_arrow, write_json
 from dflash.core.validate import check_generate
 from dflash.generate import client, servers
-from dflash.generate.contract import WorkerConfig, count_prompts
+from dflash.generate.contract import count_prompts
 from dflash.generate.stage import make_units
-from tests.helpers import repo_params
+from tests.helpers import fake_worker_config, repo_params
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "OK."}
@@ -111,15 +110,25 @@ def test_backoff_grows_and_is_capped():
 # ------------------------------------------------------------------------------------------ fake servers
 
 
+HOLD_MAX_S = 60.0  # held completions are answered this long after the first was held (the test then fails)
+
+
 class FakeServer:
     """An OpenAI-style server on 127.0.0.1: /health, /v1/models, /v1/completions with a fixed completion.
     `failures`: behaviours of the next completion requests, in order ("500": HTTP 500; "reset": TCP reset);
-    `sick`: /health answers 503 and every completion HTTP 500; `delay_s`: seconds before each completion."""
+    `sick`: /health answers 503 and every completion HTTP 500 (`sick_health_checks` > 0: it recovers after that
+    many /health answers); `delay_s`: seconds before each completion; `hold`: completions wait until it returns
+    True (polled; until HOLD_MAX_S after the first was held), so a test orders events by what happened, not by
+    the clock."""
 
     def __init__(self, completion: list[int], model: str = "m", max_model_len: int = 1024):
         self.completion, self.model, self.max_model_len = completion, model, max_model_len
         self.failures: list[str] = []  # queued behaviours for the next requests: "500" | "reset"
         self.sick, self.delay_s = False, 0.0
+        self.sick_health_checks = 0  # > 0: sick for this many /health answers, then well
+        self.hold = None  # a callable: completions are answered once it returns True
+        self.hold_ends: float | None = None  # monotonic time when holding stops whatever hold() says
+        self.sick_completions = 0  # completions answered HTTP 500 because it was sick
         self.seen: list[list[int]] = []  # prompts answered
         self.lock = threading.Lock()
         fake = self
@@ -138,9 +147,16 @@ class FakeServer:
 
             def do_GET(self):
                 if self.path == "/health":
-                    self._json(503 if fake.sick else 200, {})
+                    with fake.lock:
+                        sick = fake.sick
+                        if sick and fake.sick_health_checks > 0:
+                            fake.sick_health_checks -= 1
+                            fake.sick = fake.sick_health_checks > 0
+                    self._json(503 if sick else 200, {})
                 elif self.path == "/v1/models":
                     self._json(200, {"data": [{"id": fake.model, "max_model_len": fake.max_model_len}]})
+                elif self.path == "/version":
+                    self._json(200, {"version": "fake-1"})
                 else:
                     self._json(404, {})
 
@@ -148,8 +164,15 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
                     how = fake.failures.pop(0) if fake.failures else ""
-                how = "500" if fake.sick else how
+                    if fake.sick:
+                        how = "500"
+                        fake.sick_completions += 1
                 time.sleep(fake.delay_s)
+                with fake.lock:
+                    if fake.hold is not None and fake.hold_ends is None:
+                        fake.hold_ends = time.monotonic() + HOLD_MAX_S
+                while fake.hold is not None and not fake.hold() and time.monotonic() < fake.hold_ends:
+                    time.sleep(0.01)
                 if how == "reset":
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     self.connection.close()
@@ -160,7 +183,8 @@ class FakeServer:
                 assert body["return_token_ids"] is True and isinstance(body["prompt"], list)
                 with fake.lock:
                     fake.seen.append(body["prompt"])
-                self._json(200, {"choices": [{"text": "x", "token_ids": fake.completion, "finish_reason": "stop"}]})
+                ids = fake.completion[: body["max_tokens"]]  # a probe asks for one token
+                self._json(200, {"choices": [{"text": "x", "token_ids": ids, "finish_reason": "stop"}]})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.handle_error = lambda *args: None  # a reset connection is the point, not a test failure
@@ -180,20 +204,9 @@ def fake_run(tmp_path, qwen_tokenizer, monkeypatch):
 
     def run(urls: list[str], *overrides: str):
         g = _params("generate.max_num_seqs=2", "generate.unit_size=2", "generate.request_timeout_s=5", *overrides)
-        cfg = WorkerConfig(
-            gparams=g.generate,
-            model="fake",
-            model_name="fake",
-            revision="",
-            seed=0,
-            trust_remote_code=False,
-            template_kwargs=template_kwargs(False, {}),
-            run_dir=str(tmp_path),
-            run_hash="h",
-        )
+        cfg = fake_worker_config(tmp_path, g.generate)
         units = make_units(convs, 2)
-        versions = {u: "fake-1" for u in urls}
-        d = client.ServersDispatcher(units, cfg, g.generate, versions, "m", qwen_tokenizer, count_prompts(convs), 0)
+        d = client.ServersDispatcher(units, cfg, g.generate, urls, "m", qwen_tokenizer, count_prompts(convs), 0)
         result = d.run()
         rows = [r for s in list_shards(tmp_path, "unit-*.arrow") for r in read_arrow(s).to_pylist()]
         return result, rows, units
@@ -230,13 +243,15 @@ def test_failed_requests_are_retried(fake_run, qwen_tokenizer, how):
     srv.stop()
 
 
-def test_a_request_failing_past_max_unit_retries_fails_only_its_unit(fake_run, qwen_tokenizer):
+def test_a_request_failing_past_max_unit_retries_is_a_failed_turn(fake_run, qwen_tokenizer):
     srv = FakeServer(_answer(qwen_tokenizer))
-    srv.failures = ["500"] * 2  # max_num_seqs=2: the first two requests, both of unit 0, fail
+    srv.failures = ["500"] * 2  # max_num_seqs=2: the first two requests, c0:0 and c1:0 of unit 0, fail
     result, rows, units = fake_run([srv.url], "generate.max_unit_retries=0")
-    assert [f["unit"] for f in result.failed_units] == [0]
-    assert "HTTP 500" in result.failed_units[0]["error"]
-    assert {r["conversation_id"] for r in rows} == {f"c{i}" for i in range(2, 6)}  # the other units committed
+    assert not result.failed_units and sorted(t["sample_id"] for t in result.failed_turns) == ["c0:0", "c1:0"]
+    assert all("HTTP 500" in t["error"] for t in result.failed_turns)
+    status = {r["sample_id"]: (r["status"], r["skip_reason"]) for r in rows}
+    assert status["c0:0"] == ("failed", "request_failed") and status["c0:1"] == ("skipped", "earlier_turn_failed")
+    assert len(status) == 8 and [s for s, _ in status.values()].count("completed") == 4  # every other unit committed
     srv.stop()
 
 
@@ -250,12 +265,17 @@ def test_a_dead_server_is_marked_down_and_its_requests_move(fake_run, qwen_token
 
 
 def test_a_down_server_that_answers_again_is_used_again(fake_run, qwen_tokenizer, monkeypatch):
+    """`sick` fails its first completion, answers /health 503 (down) and 503 again to its first probe, then is
+    well; `slow` holds every reply until `sick` has answered a completion after rejoining, so the run outlasts
+    the rejoin however loaded the machine is. A client that never probed again would leave `sick` at 0 prompts."""
     monkeypatch.setattr(client, "REPROBE_S", 0.05)
     sick, slow = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
-    sick.sick, slow.delay_s = True, 0.5  # sick: marked down at its first request; slow keeps the run going (>2 s)
-    threading.Timer(0.2, lambda: setattr(sick, "sick", False)).start()
-    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0")
-    assert not result.failed_units and len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
+    sick.sick, sick.sick_health_checks = True, 2
+    slow.hold = lambda: len(sick.seen) >= 2  # the probe's completion, then one of the run's
+    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0", "generate.request_timeout_s=120")
+    assert sick.sick_completions >= 1, "sick was never asked while it was down: the test proves nothing"
+    assert not result.failed_units and not result.failed_turns
+    assert len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
     assert result.per_engine[0].prompts >= 1  # every completion it answered came after it was marked down
     sick.stop()
     slow.stop()
@@ -277,7 +297,9 @@ def test_model_identity_is_checked(qwen_tokenizer):
         servers.check_servers([srv.url], "m", g)
     with pytest.raises(UserError, match=rf"{srv.url} serves 'other' with max_model_len 512, below .* 1024"):
         servers.check_servers([srv.url], "other", g)
-    assert servers.check_servers([srv.url], "other", _params("generate.max_model_len=512").generate) == {srv.url: ""}
+    assert servers.check_servers([srv.url], "other", _params("generate.max_model_len=512").generate) == {
+        srv.url: "fake-1"
+    }
     srv.stop()
 
 
