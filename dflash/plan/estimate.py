@@ -2,7 +2,7 @@
 
 Pure arithmetic on configs and measurements (no torch, no model download):
 - the target's config.json (`plan.target_config`, default `${base.target_dir}/config.json`),
-  counted by dflash/plan/sizing.py; the drafter from the `drafter` params (dflash/drafter/geometry.py);
+  counted by dflash/core/target_counts.py and dflash/plan/sizing.py; the drafter from the `drafter` params (dflash/drafter/geometry.py);
 - a GPU profile (`plan.hardware` in `plan.hardware_file`) and a GPU count;
 - the dataset: `audit.json` (num_conversations, mean prompt tokens) and `tokenize.json`
   (num_samples, total_tokens, loss_tokens) when they exist, else the `plan.dataset` fallbacks;
@@ -23,11 +23,11 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
+from dflash.core import target_counts
 from dflash.core.concurrency import chosen_from_pilot, resolve_max_num_seqs
 from dflash.core.target_config import TargetArch, target_signature
 from dflash.core.validate import check_plan
 from dflash.drafter.geometry import build_drafter_config, config_dict, parameter_counts
-from dflash.plan import sizing
 from dflash.plan.deadline import GRAD_BYTES_PER_PARAM, deadline_assumptions, deadline_plan, deadline_summary
 from dflash.plan.generation import generation_estimate
 from dflash.plan.inputs import (
@@ -80,7 +80,7 @@ def make_plan(params: Any) -> dict:
         row["train_layout"] = tr["layout"]
         row["train_fits"] = tr["headline"]["fits"]
         scaling.append(row)
-    tparams = sizing.target_params(target)
+    tparams = target_counts.target_params(target)
     dparams = parameter_counts(drafter)
     summary = {  # reports/plan.json, the DVC metrics: the few numbers worth diffing between experiments
         "hardware": plan.hardware,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from dflash.core import target_counts
 from dflash.core.errors import UserError
 from dflash.plan import sizing
 from dflash.plan.inputs import number
@@ -119,7 +120,9 @@ def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
         raise UserError(f"plan.num_gpus: {num_gpus} GPUs cannot hold one engine of generate.tensor_parallel_size={tp}")
     w = sizing.target_weight_bytes(t, weight_dtype)
     cap, step, rate = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, mean_out)
-    prefill_per_prompt = sizing.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
+    prefill_per_prompt = (
+        target_counts.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
+    )
     prefill_s = prompts * prefill_per_prompt / (num_gpus * hw.bf16_tflops * 1e12 * gp.prefill_mfu)
 
     def wall_h(out_tokens):  # None when the model does not fit (no rate): JSON has no infinity

@@ -14,8 +14,10 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+from dflash.core import target_counts
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.loader import as_dict
+from dflash.drafter.flops import DocumentWork, document_flops
 from dflash.drafter.geometry import parameter_counts
 from dflash.plan import sizing
 
@@ -44,40 +46,20 @@ def train_inputs(params: Any) -> SimpleNamespace:
 
 
 def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, float]:
-    """FLOPs to train on one sequence: target forward, drafter forward + backward, frozen lm_head on drafted slots."""
+    """FLOPs to train on one mean sequence (dflash/drafter/flops.py counts them): target forward, drafter forward +
+    backward, frozen lm_head on drafted slots."""
     s = min(seq_tokens, ta.max_length)
     anchors = max(0.0, min(ta.num_anchors, loss_tokens - 1, s - 1))
-    nb = anchors * d.block_size
-    p = parameter_counts(d)
-    q_dim, h = d.num_attention_heads * d.head_dim, d.hidden_size
     # anchors sit in the response (the sequence's tail): mean visible context ~ everything before the response
     # plus half of it; sliding layers see at most their window.
     mean_ctx = max(1.0, s - min(loss_tokens, s) / 2)
-    attn = 0.0
-    for kind in d.layer_types:
-        ctx = min(mean_ctx, d.sliding_window) if kind == "sliding_attention" else mean_ctx
-        in_block = (d.block_size + 1) / 2 if kind == "sliding_attention" else d.block_size  # causal vs bidirectional
-        attn += 12.0 * nb * (ctx + in_block) * q_dim  # QK^T + AV, forward (4) + backward (8)
-    own = getattr(ta, "loss_target", "tokens") != "tokens"  # the target's own predictions: its whole depth
-    parts = {
-        "target_forward": sizing.prefill_flops(
-            t, s, layers=None if own else d.deepest_target_layer + 1, with_head=False
-        ),
-        # the target's logits only at the drafted slots' rows (its lm_head forward: 2VH per slot)
-        "target_lm_head": 2.0 * t.vocab_size * t.hidden_size * anchors * (d.block_size - 1) if own else 0.0,
-        "drafter_q_o_mlp": 6.0 * (p["attn_q_o"] + p["mlp"] + p["norms"]) * nb,
-        "drafter_kv_projection": 6.0 * p["attn_kv"] * (s + nb),  # context features AND block tokens (KV injection)
-        "drafter_fc": 6.0 * p["fc"] * s,
-        "drafter_attention": attn,
-        # frozen lm_head on drafted slots: logits forward (2VH) + gradient w.r.t. its input (2VH); no weight grad
-        "lm_head": 4.0 * t.vocab_size * h * anchors * (d.block_size - 1),
-    }
-    parts["total"] = sum(parts.values())
-    parts["simple_6PN"] = 6.0 * p["total"] * nb  # the rule of thumb, for comparison
+    loss_target = getattr(ta, "loss_target", "tokens")
+    parts = document_flops(t, d, DocumentWork(tokens=s, anchors=anchors, mean_context=mean_ctx), loss_target)
+    nb = anchors * d.block_size
     parts["seq_tokens"] = s
     parts["anchors"] = anchors
     parts["block_tokens"] = nb
-    parts["loss_target"] = getattr(ta, "loss_target", "tokens")
+    parts["loss_target"] = loss_target
     return parts
 
 
@@ -90,7 +72,7 @@ def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, fl
     q, kv = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
     p = parameter_counts(d)["total"]
     w = sizing.target_weight_bytes(t, weight_dtype)
-    tp = sizing.target_params(t)
+    tp = target_counts.target_params(t)
     # Saved per block token per drafter layer: input, norm, q, k, v, attention out, o_proj out, post-norm,
     # gate, up, activation (bf16). Context K/V per layer (pre- and post-norm/RoPE). Logits of one chunk:
     # LOGITS_BYTES per vocab entry.
