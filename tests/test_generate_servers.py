@@ -491,7 +491,9 @@ def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root
     write_json(reports / "pilot.json", pilot)
     overrides = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
     p = load_params("params.yaml", overrides, ["params/gpu-qwen3.6-27b.yaml"])
-    assert estimate.make_plan(p)["generation"]["memory"]["batch"] == 128  # another target's knee is ignored
+    assert estimate.make_plan(p)["generation"]["memory"]["batch"] == max(
+        p.generate.pilot_sweep
+    )  # other target's knee ignored
     overlay_sig = target_signature("params/targets/qwen3.6-27b.config.json")
     write_json(reports / "pilot.json", pilot | {"target_signature": overlay_sig})
     result = estimate.make_plan(p)

@@ -26,12 +26,13 @@ def dtype_bytes(name: str, where: str) -> int:
 
 def target_weight_bytes(t: TargetArch, weight_dtype: str) -> dict[str, float]:
     """Bytes the text model occupies. fp8 checkpoints quantize the decoder's matmul weights only;
-    embeddings, lm_head and norms stay bf16 (the layout of the official FP8 Qwen checkpoints)."""
+    embeddings, lm_head and norms stay bf16 (the layout of the official FP8 Qwen checkpoints); fp32 is all fp32."""
     p = target_params(t)
     wb = dtype_bytes(weight_dtype, "plan.weight_dtype")
-    decoder = p["decoder_linear"] * wb + (p["decoder"] - p["decoder_linear"]) * 2
-    embed = p["embed_tokens"] * 2
-    head = p["lm_head"] * 2
+    rest = 4 if wb == 4 else 2  # fp32 engines keep everything fp32; fp8 / bf16 checkpoints keep the rest bf16
+    decoder = p["decoder_linear"] * wb + (p["decoder"] - p["decoder_linear"]) * rest
+    embed = p["embed_tokens"] * rest
+    head = p["lm_head"] * rest
     return {
         "loaded": decoder + embed + head,
         # a decode step reads every weight once, except the embedding table (only b rows are gathered)
