@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ONE prepared GPU check for a GPU host or a lent device: < 8 minutes, every figure printed and kept.
+# ONE prepared GPU check for a GPU host or a lent device: < 12 minutes, every figure printed and kept.
 #
 #   bash benchmarks/gpu_check.sh            # on a CUDA machine, from anywhere (it cd's to the repo root)
 #   bash benchmarks/gpu_check.sh --smoke    # tiny sizes: the code paths only (on CPU every step is then a SKIP)
@@ -20,6 +20,9 @@
 #                       FLOPs model; peak = params/hardware.yaml profile and a measured bf16 matmul)
 #   fla    T_FLA=60     benchmarks/fla_forward.py: a 4-layer Qwen3.5 decoder (27B layer geometry) through
 #                       fla-core's chunk_gated_delta_rule at 4096 tokens, checked against the torch path
+#   pilot  T_PILOT=240  benchmarks/pilot_27b.py: the training pilot (python -m stages.train --pilot's code) with the
+#                       27B drafter and a random 6-layer target of the real width and vocabulary: step time of the
+#                       worst and ordinary rows, peak memory, MFU, attention path and GDN kernels
 # Output: OUT (the device tool sets it; default ./gpu_check_out): env.json, NAME.log and NAME.json per step,
 # tests.xml, gpu_check.json (all figures), summary.txt (the table printed last). Exit status 0 whatever a step
 # does: a failing step's line says FAIL and why; a step that cannot run here says SKIP and why.
@@ -29,7 +32,7 @@ SMOKE=0
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "gpu_check: unknown argument $arg (use --smoke or --help)" >&2; exit 2 ;;
     esac
 done
@@ -122,7 +125,7 @@ runnable() {
     fi
 }
 
-# ---- the four steps -----------------------------------------------------------------------------------
+# ---- the five steps -----------------------------------------------------------------------------------
 if runnable tests "${NEED_PROJECT[@]}" transformers pytest; then
     step tests "${T_TESTS:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/tests.xml" \
         tests/test_model_gpu.py tests/test_train_gpu.py
@@ -137,6 +140,10 @@ if runnable mfu "${NEED_PROJECT[@]}"; then
 fi
 if runnable fla torch transformers; then
     step fla "${T_FLA:-60}" "$PY" benchmarks/fla_forward.py --device "$DEV" --tokens 4096 --json "$OUT/fla.json" \
+        "${SMOKE_ARGS[@]}"
+fi
+if runnable pilot "${NEED_PROJECT[@]}" transformers; then
+    step pilot "${T_PILOT:-240}" "$PY" benchmarks/pilot_27b.py --device "$DEV" --json "$OUT/pilot.json" \
         "${SMOKE_ARGS[@]}"
 fi
 

@@ -28,6 +28,10 @@ STEPS = {  # name -> (what it measures, JSON it writes)
     "flex": ("compiled flex BlockMask step vs dense-mask step, seq 4096 / 512 anchors, 27B drafter", "flex.json"),
     "mfu": ("bf16 step time and MFU of the 1.73 B drafter", "mfu.json"),
     "fla": ("hybrid-target forward through fla-core kernels vs the torch path", "fla.json"),
+    "pilot": (
+        "training pilot: 27B drafter, random 6-layer target of the real width: step time, memory, MFU",
+        "pilot.json",
+    ),
 }
 
 
@@ -171,6 +175,24 @@ def _fla(f: dict) -> tuple[str, str, dict]:
     return "OK", line, f
 
 
+def _pilot(f: dict) -> tuple[str, str, dict]:
+    t = f.get("target") or {}
+    if f.get("verdict") != "ok":
+        return "FAIL", f"verdict {f.get('verdict')}: {f.get('problem')}", f
+    att = f.get("attention_path") or {}
+    gdn = f.get("linear_attention") or {}
+    mfu = f"MFU {f['mfu']:.3f} of {f['peak_tflops']:g} TFLOP/s ({f['peak_source']})" if f.get("mfu") else "no MFU"
+    line = (
+        f"{t.get('layers')}-layer {t.get('hidden_size')}-wide target: step {f['step_seconds']:.3f} s ordinary, "
+        f"{f['worst_step_seconds']:.3f} s worst; {f['tokens_per_s']:,.0f} tok/s; peak {f['peak_memory_gb']:.1f} GB "
+        f"({f['peak_phase']} rows, of {f['device_memory_gb']:.0f}); {f['achieved_tflops']:.1f} TFLOP/s, {mfu}; "
+        f"{att.get('mask')}{', flex compiled' if att.get('flex_kernel_compiled') else ''}; GDN "
+        f"{'fused (fla)' if gdn.get('fused') else 'torch fallback'}; first loss {f['first_loss']:.2f} (ln V "
+        f"{f['ln_vocab']:.2f})"
+    )
+    return "OK", line, f
+
+
 def summary(out: Path) -> None:
     env_info = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {}
     cuda = bool(env_info.get("cuda"))
@@ -208,7 +230,7 @@ def _step(out: Path, name: str, rc: int, note: str) -> tuple[str, str, dict]:
         if name == "tests":
             return _tests(path)
         figures = json.loads(path.read_text())
-        status, line, figures = {"flex": _flex, "mfu": _mfu, "fla": _fla}[name](figures)
+        status, line, figures = {"flex": _flex, "mfu": _mfu, "fla": _fla, "pilot": _pilot}[name](figures)
     except Exception as exc:
         return "FAIL", f"unreadable {artefact}: {type(exc).__name__}: {exc}", {}
     if timed_out:  # the figures written before the budget ran out stand; the step says it was cut short

@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks/gpu_check.sh"
-STEPS = ("setup", "tests", "flex", "mfu", "fla")
+STEPS = ("setup", "tests", "flex", "mfu", "fla", "pilot")
 
 
 def _run(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -40,17 +40,20 @@ def test_smoke_on_cpu_skips_cuda_steps_and_writes_figures(tmp_path):
     assert (tmp_path / "summary.txt").read_text().strip() == summary.strip().split("\n\n")[0].strip()
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["cuda"] is False and set(result["steps"]) == set(STEPS) - {"setup"}
-    for name in ("tests", "flex", "mfu", "fla"):
+    for name in ("tests", "flex", "mfu", "fla", "pilot"):
         step = result["steps"][name]
         assert step["status"] == "SKIP", (name, step)
         assert f"{name:<5}  SKIP" in lines[name]
     assert "needs a CUDA device" in result["steps"]["tests"]["line"]  # pytest ran: every gpu test skipped
-    for name in ("flex", "mfu", "fla"):  # the CPU smoke of each Python piece ran and left its figures
+    for name in ("flex", "mfu", "fla", "pilot"):  # the CPU smoke of each Python piece ran and left its figures
         assert result["steps"][name]["line"].startswith("no CUDA device; cpu smoke ok"), result["steps"][name]
     flex = result["steps"]["flex"]["figures"]
     assert flex["backends"]["sdpa"]["step_ms"] > 0 and "flex" in flex["backends"]
     assert result["steps"]["mfu"]["figures"]["flops_per_step"] > 0
     assert result["steps"]["fla"]["figures"]["torch_calls"] > 0  # the GatedDeltaNet layers ran the torch path
+    pilot = result["steps"]["pilot"]["figures"]  # the training pilot ran its three phases on the tiny hybrid target
+    assert pilot["verdict"] == "ok" and pilot["step_seconds"] > 0 and pilot["peak_memory_gb"] > 0
+    assert pilot["linear_attention"]["fused"] is False and pilot["target"]["layers"] == 6
 
 
 def test_without_smoke_on_cpu_every_step_skips_fast(tmp_path):

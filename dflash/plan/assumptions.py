@@ -74,7 +74,7 @@ def published_lines(p: Plan) -> list[str]:
     if not p.published:
         return []
     runs = "; ".join(
-        f"{c.what}: model {c.model:,.3g} vs measured {c.value:,.4g} {c.unit} ({c.error:+.0%}, "
+        f"{c.what}: model {c.model:,.4g} vs measured {c.value:,.4g} {c.unit} ({c.error:+.0%}, "
         f"{'optimistic' if c.optimistic else 'pessimistic'}; batch {c.batch}, {c.bound}-bound)"
         for c in p.published
     )

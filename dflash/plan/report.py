@@ -16,7 +16,22 @@ from dflash.plan.report_training import training_lines
 
 
 def render_markdown(p: dict) -> str:
-    hw, tg, dr, ds = p["hardware"], p["target"], p["drafter"], p["dataset"]
+    """The whole report, section by section."""
+    lines = headline_lines(p)
+    lines += calibration_lines(p.get("calibration") or [])
+    if p.get("deadline"):
+        lines += deadline_lines(p["deadline"], p["hardware"]["name"])
+    lines += inputs_lines(p) + target_lines(p) + drafter_lines(p) + hardware_lines(p)
+    lines += generation_lines(p["generation"])
+    lines += training_lines(p["training"], p["drafter"]["block_size"])
+    lines += scaling_lines(p)
+    lines += published_lines(p.get("published") or [])
+    lines += ["", "## Assumptions", ""] + [f"- {a}" for a in p["assumptions"]]
+    return "\n".join(lines) + "\n"
+
+
+def headline_lines(p: dict) -> list[str]:
+    hw, tg, dr = p["hardware"], p["target"], p["drafter"]
     gen, tr = p["generation"], p["training"]
     mem, head = gen["memory"], tr["headline"]
     lines = [
@@ -62,9 +77,12 @@ def render_markdown(p: dict) -> str:
             ],
         ],
     )
-    lines += calibration_lines(p.get("calibration") or [])
-    if p.get("deadline"):
-        lines += deadline_lines(p["deadline"], hw["name"])
+    return lines
+
+
+def inputs_lines(p: dict) -> list[str]:
+    ds = p["dataset"]
+    lines: list[str] = []
     src = p["inputs"]["sources"]
     lines += ["", "## Inputs", ""]
     lines += table(
@@ -88,6 +106,12 @@ def render_markdown(p: dict) -> str:
         ]
         + [[f"ignored: {path}", why, ""] for path, why in p["inputs"].get("ignored", {}).items()],
     )
+    return lines
+
+
+def target_lines(p: dict) -> list[str]:
+    tg, gen = p["target"], p["generation"]
+    lines: list[str] = []
     tp = tg["params"]
     lines += ["", "## Target", ""]
     lines += [
@@ -107,6 +131,12 @@ def render_markdown(p: dict) -> str:
             ["vision tower (approx.)", num(tp["vision_skipped"], 2), "skipped (--language-model-only)"],
         ],
     )
+    return lines
+
+
+def drafter_lines(p: dict) -> list[str]:
+    dr = p["drafter"]
+    lines: list[str] = []
     d = dr["params"]
     lines += ["", "## Drafter", ""]
     lines += [
@@ -127,15 +157,24 @@ def render_markdown(p: dict) -> str:
             ["total trainable", f"{count(d['total'])} ({num(d['total'], 2)})"],
         ],
     )
+    return lines
+
+
+def hardware_lines(p: dict) -> list[str]:
+    hw = p["hardware"]
+    lines: list[str] = []
     lines += ["", "## Hardware", ""]
     lines += [
         f"{hw['count']} x {hw['name']}: {hw['memory_gb']:.0f} GB, {hw['bandwidth_tbps']} TB/s, "
-        f"{hw['bf16_tflops']:.0f} TFLOP/s dense BF16, {hw['interconnect']}.",
+        f"{hw['bf16_tflops']:.3g} TFLOP/s dense BF16, {hw['fp32_tflops']:.3g} FP32 (0 = unknown), {hw['interconnect']}.",
         "",
         f"Source: {hw['source']}",
     ]
-    lines += generation_lines(gen)
-    lines += training_lines(tr, dr["block_size"])
+    return lines
+
+
+def scaling_lines(p: dict) -> list[str]:
+    lines: list[str] = []
     lines += ["", "## Time vs GPU count", ""]
     lines += table(
         ["GPUs", "generation", "training", "training layout"],
@@ -149,9 +188,7 @@ def render_markdown(p: dict) -> str:
             for r in p["scaling"]
         ],
     )
-    lines += published_lines(p.get("published") or [])
-    lines += ["", "## Assumptions", ""] + [f"- {a}" for a in p["assumptions"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def scaling_csv(p: dict, column: str) -> str:
