@@ -150,6 +150,7 @@ def test_pilot_measures_the_real_trainer(setup, tmp_path):
             assert r["target_s"] > 0 and r["drafter_s"] > 0 and parts == pytest.approx(r["seconds"], rel=0.05)
     assert report["peak_memory_gb"] > 0.05 and report["device_memory_gb"] > report["peak_memory_gb"]
     assert report["achieved_tflops"] > 0 and 0 < report["mfu"] < 1 and "cpu-host" in report["peak_source"]
+    assert report["lm_head_rows"] == VOCAB  # no exactly-zero rows in this target: the loss computes them all
     assert report["first_loss_ok"] and abs(report["first_loss"] - math.log(VOCAB)) < 0.25 * math.log(VOCAB)
     assert len(report["feature_rms"]) == 2 and report["min_feature_rms"] > 0
     assert report["attention_path"]["backend"] == "sdpa" and report["linear_attention"] is None

@@ -32,6 +32,8 @@ class DocumentWork:
     anchors: float  # N: blocks drawn in it
     mean_context: float  # mean context positions a block sees (those before its anchor), full-attention layers
     mean_context_sliding: float | None = None  # the same in sliding layers (at most the window); None = derived
+    vocab_rows: float | None = None  # lm_head rows the loss computes (None = the whole vocabulary; the tiny demo
+    # target's exactly-zero rows fold into one term, dflash/train/loss.py, so the trainer computes only the others)
 
 
 def drafter_flops(d: DrafterConfig, work: DocumentWork) -> dict[str, float]:
@@ -48,12 +50,13 @@ def drafter_flops(d: DrafterConfig, work: DocumentWork) -> dict[str, float]:
         in_block = (d.block_size + 1) / 2 if kind == SLIDING else d.block_size  # causal vs bidirectional in-block
         attn += 12.0 * nb * (ctx + in_block) * q_dim  # QK^T + AV: forward (4) + backward (8)
     slots = work.anchors * (d.block_size - 1)
+    rows = work.vocab_rows if work.vocab_rows is not None else d.vocab_size
     return {
         "drafter_q_o_mlp": 6.0 * (p["attn_q_o"] + p["mlp"] + p["norms"]) * nb,
         "drafter_kv_projection": 6.0 * p["attn_kv"] * (work.tokens + nb),  # context AND block tokens (KV injection)
         "drafter_fc": 6.0 * p["fc"] * work.tokens,
         "drafter_attention": attn,
-        "lm_head": 4.0 * d.vocab_size * d.hidden_size * slots,  # logits forward + input gradient, frozen weight
+        "lm_head": 4.0 * rows * d.hidden_size * slots,  # logits forward + input gradient, frozen weight
     }
 
 
@@ -63,11 +66,12 @@ def document_flops(t: TargetArch, d: DrafterConfig, work: DocumentWork, loss_tar
     last layer (and its lm_head at the drafted slots) for the loss targets that learn its own predictions."""
     own = loss_target in OWN_PREDICTION_TARGETS
     slots = work.anchors * (d.block_size - 1)
+    rows = work.vocab_rows if work.vocab_rows is not None else t.vocab_size
     parts = {
         "target_forward": prefill_flops(
             t, work.tokens, layers=None if own else d.deepest_target_layer + 1, with_head=False
         ),
-        "target_lm_head": 2.0 * t.vocab_size * t.hidden_size * slots if own else 0.0,
+        "target_lm_head": 2.0 * rows * t.hidden_size * slots if own else 0.0,
         **drafter_flops(d, work),
     }
     parts["total"] = sum(parts.values())

@@ -41,6 +41,7 @@ class TrainPilot:
     mfu: float | None
     rows_per_step: int
     rows_per_epoch: int
+    lm_head_rows: int | None  # rows the loss computes (a target's exactly-zero rows fold into one term)
     steps_per_epoch: int
     epochs: int
 
@@ -83,6 +84,7 @@ def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> Tra
         achieved_tflops=number(data, ("achieved_tflops",)),
         mfu=number(data, ("mfu",)),
         rows_per_step=int(details.get("rows_per_step") or 1),
+        lm_head_rows=int(data["lm_head_rows"]) if number(data, ("lm_head_rows",)) else None,
         rows_per_epoch=int(details.get("rows_per_epoch") or 0),
         steps_per_epoch=int(data.get("steps_per_epoch") or 0),
         epochs=int(data.get("epochs") or 0),

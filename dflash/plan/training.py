@@ -37,16 +37,17 @@ GB = 1e9
 LOGITS_BYTES = {"tokens": 10, "target_argmax": 14, "target_kl": 22}
 
 
-def training_flops_per_sequence(t, d: DrafterConfig, seq_tokens, loss_tokens, ta) -> dict[str, float]:
+def training_flops_per_sequence(t, d: DrafterConfig, seq_tokens, loss_tokens, ta, vocab_rows=None) -> dict[str, float]:
     """FLOPs to train on one mean sequence (dflash/drafter/flops.py counts them): target forward, drafter forward +
-    backward, frozen lm_head on drafted slots."""
+    backward, frozen lm_head on drafted slots (`vocab_rows` of it: the rows the loss computes, all by default)."""
     s = min(seq_tokens, ta.max_length)
     anchors = max(0.0, min(ta.num_anchors, loss_tokens - 1, s - 1))
     # anchors sit in the response (the sequence's tail): mean visible context ~ everything before the response
     # plus half of it; sliding layers see at most their window.
     mean_ctx = max(1.0, s - min(loss_tokens, s) / 2)
     loss_target = getattr(ta, "loss_target", "tokens")
-    parts = document_flops(t, d, DocumentWork(tokens=s, anchors=anchors, mean_context=mean_ctx), loss_target)
+    work = DocumentWork(tokens=s, anchors=anchors, mean_context=mean_ctx, vocab_rows=vocab_rows)
+    parts = document_flops(t, d, work, loss_target)
     parts["seq_tokens"] = s
     parts["anchors"] = anchors
     parts["block_tokens"] = anchors * d.block_size
@@ -199,7 +200,9 @@ def training_estimate(
     """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
     plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
     replaces the model's seconds per sequence."""
-    flops = training_flops_per_sequence(t, d, data.seq_tokens, data.loss_tokens, ta)
+    # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
+    rows = pilot.lm_head_rows if pilot is not None else None
+    flops = training_flops_per_sequence(t, d, data.seq_tokens, data.loss_tokens, ta, rows)
     mem = training_memory(t, d, ta, weight_dtype, data.seq_tokens, flops["anchors"])
     peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
     rate = peak * 1e12 * ta.mfu

@@ -84,6 +84,7 @@ PILOT_HEADLINE = (  # reports/train_pilot.json, what the plan reads (everything:
     "peak_phase",
     "longest_document",
     "max_row_anchors",
+    "lm_head_rows",
     "achieved_tflops",
     "mfu",
     "first_loss",
@@ -202,8 +203,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def batch_flops(target, cfg, batches: list[Batch], loss_target: str) -> float:
-    """The planner's FLOPs (dflash/drafter/flops.py) of the documents and anchors these micro-batches fed."""
+def batch_flops(target, cfg, batches: list[Batch], loss_target: str, vocab_rows: int | None = None) -> float:
+    """The planner's FLOPs (dflash/drafter/flops.py) of the documents and anchors these micro-batches fed, with the
+    lm_head rows the loss really computes."""
     total = 0.0
     for b in batches:
         anchors = b.anchors.numpy()
@@ -216,6 +218,7 @@ def batch_flops(target, cfg, batches: list[Batch], loss_target: str) -> float:
                 anchors=len(offsets),
                 mean_context=float(offsets.mean()),
                 mean_context_sliding=float(np.minimum(offsets, cfg.sliding_window).mean()),
+                vocab_rows=vocab_rows,
             )
             total += document_flops(target, cfg, work, loss_target)["total"]
     return total
@@ -265,7 +268,7 @@ def _step(trainer: PilotTrainer, features: TimedFeatures, step: int, phase: str,
         longest_document=max(max(b.doc_lengths) for b in batches),
         anchors=sum(int(b.anchors.numel()) for b in batches),
         loss=metrics["loss"],
-        flops=batch_flops(target, trainer.cfg, batches, trainer.tp.loss_target),
+        flops=batch_flops(target, trainer.cfg, batches, trainer.tp.loss_target, trainer.head.weight.shape[0]),
     )
 
 
@@ -409,6 +412,7 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
         "attention_path": attention_path(trainer.backend, tp.compile),
         "linear_attention": linear_attention_kernels(trainer.features.inner.model),
         "rows_per_step": trainer.rows_per_step,
+        "lm_head_rows": int(trainer.head.weight.shape[0]),  # computed by the loss (exactly-zero rows folded)
         "max_tokens_per_row": tp.max_tokens_per_row,
         "num_anchors": tp.num_anchors,
         "warmup_steps": tp.pilot_warmup_steps,
