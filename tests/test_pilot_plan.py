@@ -52,8 +52,7 @@ def _train_pilot(reports: Path, device: str = RTX, verdict: str = "ok", **change
         "step_seconds": 1.9,
         "tokens_per_s": 4400.0,
         "samples_per_s": 2.0,
-        "target_seconds_per_sample": 0.4,
-        "drafter_seconds_per_sample": 0.6,
+        "target_share": 0.4,
         "worst_step_seconds": 3.1,
         "peak_memory_gb": 71.5,
         "device_memory_gb": 95.6,
@@ -85,11 +84,15 @@ def test_training_eta_uses_the_pilot_when_present_and_the_model_when_not(tmp_pat
     measured = estimate.build_plan(_params(reports, dp))
     tr = measured.training
     assert tr.source == "pilot" and measured.summary["train_source"] == "pilot"
-    assert (tr.target_seconds_per_sequence, tr.drafter_seconds_per_sequence) == (0.4, 0.6)
     samples, epochs, gpus = measured.dataset.train_samples, 6, 4
-    assert tr.headline.total_hours == pytest.approx(epochs * samples * (0.4 + 0.6) / gpus / 3600)  # scaled to 4 GPUs
+    epoch_one_process = 200 / (2 / 2) * 1.9  # the pilot's 200 packed rows, 2 rows a step over 2 processes, 1.9 s a step
+    per_sample = epoch_one_process / samples
+    assert (tr.target_seconds_per_sequence, tr.drafter_seconds_per_sequence) == pytest.approx(
+        (0.4 * per_sample, 0.6 * per_sample)
+    )
+    assert tr.headline.total_hours == pytest.approx(epochs * epoch_one_process / gpus / 3600)  # scaled to 4 GPUs
     assert tr.model_seconds_per_sequence == pytest.approx(model.training.seconds_per_sequence_one_gpu)
-    implied = flops / 1.0 / peak  # the planner's FLOPs per sequence over the measured second per sample
+    implied = flops / per_sample / peak  # the planner's FLOPs per sequence over its measured seconds
     assert tr.pilot.implied_mfu == pytest.approx(implied) and measured.summary["train_mfu_implied"] == pytest.approx(
         implied
     )

@@ -62,10 +62,11 @@ def training_lines(ta: TrainSettings, hw: GpuProfile) -> list[str]:
         f"GPU. Verdict against the full {hw.memory_gb:.0f} GB.",
         "Split layout: target GPUs and drafter GPUs form a pipeline; the slower side sets the rate. The drafter GPUs "
         "also hold the target's embedding and lm_head (frozen, shared by the drafter). The train stage's split runs "
-        "the two sides one after the other inside each process: its pilot measures that, and its seconds per sample "
-        "enter the pipeline formula as measured.",
+        "the two sides one after the other inside each process: its pilot measures that, and its measured seconds "
+        "enter the pipeline formula.",
         "A training pilot on the planned hardware (python -m stages.train --pilot) replaces FLOPs / (peak x MFU) by "
-        "its measured seconds per sample (ordinary rows, time-weighted), scaled to the planned GPUs and layout by the "
+        "its measured step time (ordinary rows, time-weighted) x the epoch's packed rows (the same data, packed by the "
+        "same code), split into the target's share and the rest, scaled to the planned GPUs and layout by the "
         "formulas above; its peak memory at the worst rows is the measured memory verdict.",
     ]
 

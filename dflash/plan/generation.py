@@ -129,6 +129,7 @@ class PilotRate:
     calibrated_wall_hours: float
     rate_source: str
     drain_tokens: float | None  # p99 output length: the drain modelled (None: none)
+    sweep_at_concurrency: float | None  # the sweep's one-engine rate at the planned concurrency, beside the rate used
     chosen_max_num_seqs: int | None
     sweep_vs_model: list[SweepPoint] = field(default_factory=list)
 
@@ -276,6 +277,7 @@ def pilot_rate(
         calibrated_wall_hours=seconds / 3600,
         rate_source=source,
         drain_tokens=drain,
+        sweep_at_concurrency=level["output_tokens_per_s"] if level else None,
         chosen_max_num_seqs=pilot.chosen_max_num_seqs,
         sweep_vs_model=points,
     )

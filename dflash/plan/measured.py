@@ -31,8 +31,7 @@ class TrainPilot:
     step_seconds: float  # ordinary rows, time-weighted
     tokens_per_s: float
     samples_per_s: float  # documents per second over all processes
-    target_seconds_per_sample: float
-    drafter_seconds_per_sample: float  # drafter forward + backward, optimizer, data wait
+    target_share: float  # of the ordinary step: the target forward (the rest: drafter, optimizer, data wait)
     worst_step_seconds: float | None
     peak_memory_gb: float  # the largest peak of any phase and device (CUDA reserved / CPU resident set)
     device_memory_gb: float | None
@@ -49,8 +48,9 @@ class TrainPilot:
         """Whether the pilot ran on the planned hardware (then its times stand in for the model's)."""
         return hw.matches("cpu" if self.device_type == "cpu" else "cuda", self.device)
 
-    def seconds_per_sample_per_process(self) -> float:
-        return self.target_seconds_per_sample + self.drafter_seconds_per_sample
+    def epoch_seconds_one_process(self) -> float:
+        """An epoch of the measured data's packed rows on one process at the ordinary step time."""
+        return self.rows_per_epoch / (self.rows_per_step / self.world_size) * self.step_seconds
 
 
 def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> TrainPilot | None:
@@ -60,11 +60,13 @@ def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> Tra
     if data.get("verdict") != "ok":
         ignored[str(path)] = f"verdict {data.get('verdict')!r}: {data.get('problem') or 'no measurement'}"
         return None
-    need = ("step_seconds", "tokens_per_s", "samples_per_s", "target_seconds_per_sample", "drafter_seconds_per_sample")
+    need = ("step_seconds", "tokens_per_s", "samples_per_s", "target_share")
     missing = [k for k in (*need, "peak_memory_gb") if number(data, (k,)) is None]
     if missing:
         raise UserError(f"{path}: missing {', '.join(missing)} (rerun the training pilot: dvc repro train_pilot)")
     details = _read_optional(path.with_name(path.stem + "_details.json")) or {}
+    if not details.get("rows_per_epoch") or not details.get("rows_per_step"):
+        raise UserError(f"{path}: its details lack rows_per_epoch / rows_per_step (rerun: dvc repro train_pilot)")
     return TrainPilot(
         path=str(path),
         verdict="ok",
@@ -75,17 +77,16 @@ def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> Tra
         step_seconds=data["step_seconds"],
         tokens_per_s=data["tokens_per_s"],
         samples_per_s=data["samples_per_s"],
-        target_seconds_per_sample=data["target_seconds_per_sample"],
-        drafter_seconds_per_sample=data["drafter_seconds_per_sample"],
+        target_share=data["target_share"],
         worst_step_seconds=number(data, ("worst_step_seconds",)),
         peak_memory_gb=data["peak_memory_gb"],
         device_memory_gb=number(data, ("device_memory_gb",)),
         peak_phase=data.get("peak_phase"),
         achieved_tflops=number(data, ("achieved_tflops",)),
         mfu=number(data, ("mfu",)),
-        rows_per_step=int(details.get("rows_per_step") or 1),
+        rows_per_step=int(details["rows_per_step"]),
         lm_head_rows=int(data["lm_head_rows"]) if number(data, ("lm_head_rows",)) else None,
-        rows_per_epoch=int(details.get("rows_per_epoch") or 0),
+        rows_per_epoch=int(details["rows_per_epoch"]),
         steps_per_epoch=int(data.get("steps_per_epoch") or 0),
         epochs=int(data.get("epochs") or 0),
     )

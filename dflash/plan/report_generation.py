@@ -88,6 +88,13 @@ def pilot_lines(gen: dict) -> list[str]:
     )
     lines += ["", "The pilot is assumed to have run on this plan's GPU type; the ratio calibrates the model."]
     lines += [f"Measured rate: {pl['rate_source']}; max_num_seqs from {gen['max_num_seqs_source']}."]
+    sweep = pl.get("sweep_at_concurrency")
+    if sweep and not 0.77 <= pl["measured_per_engine"] / sweep <= 1.3:
+        lines += [
+            f"The two measurements at this concurrency disagree: {pl['measured_per_engine']:,.0f} tok/s per engine "
+            f"used vs {sweep:,.0f} from the sweep ({pl['measured_per_engine'] / sweep:.2f}x); the pilot run and the sweep "
+            "ran at different times (a busy or shared host) or on different backends (the sweep goes through a server)."
+        ]
     if pl["sweep_vs_model"]:
         lines += ["", f"Pilot sweep (one engine; chosen max_num_seqs {pl['chosen_max_num_seqs']}):", ""]
         lines += table(

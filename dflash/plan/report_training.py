@@ -83,7 +83,7 @@ def pilot_lines(tr: dict) -> list[str]:
         ["", "model", "measured", "measured / model"],
         [
             [
-                "seconds per sample (one process)",
+                "seconds per sequence (one process)",
                 f"{pv['model_seconds_per_sample']:.3g}",
                 f"{pv['seconds_per_sample']:.3g}",
                 f"{pv['seconds_per_sample'] / pv['model_seconds_per_sample']:.2f}",

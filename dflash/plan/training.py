@@ -120,7 +120,7 @@ class PilotView:
     layout: str  # the layout the pilot ran
     world_size: int
     step_seconds: float
-    seconds_per_sample: float  # per process: target + drafter (with data and optimizer)
+    seconds_per_sample: float  # per process: the pilot's epoch (its packed rows x its step time) / the plan's samples
     model_seconds_per_sample: float  # the model's, on one GPU at the assumed MFU
     implied_mfu: float | None  # the planner's FLOPs per sample / measured seconds / matmul peak
     assumed_mfu: float
@@ -162,8 +162,7 @@ def training_at(t, d, hw, ta: TrainSettings, weight_dtype, num_gpus, data: Datas
     return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, n_t, ta.layout, pilot)
 
 
-def pilot_view(pilot: TrainPilot, flops_total: float, peak_tflops: float, ta: TrainSettings, model_s: float):
-    per_sample = pilot.seconds_per_sample_per_process()
+def pilot_view(pilot: TrainPilot, flops_total: float, peak_tflops: float, ta: TrainSettings, model_s, per_sample):
     device_gb = pilot.device_memory_gb or 0.0
     return PilotView(
         path=pilot.path,
@@ -212,8 +211,10 @@ def training_estimate(
     model_s = target_s + drafter_s
     view, source = None, "model"
     if pilot is not None and pilot.ran_on(hw):
-        view = pilot_view(pilot, flops["total"], peak, ta, model_s)
-        target_s, drafter_s = pilot.target_seconds_per_sample, pilot.drafter_seconds_per_sample
+        # the pilot ran on the data the plan prices: its epoch of packed rows at its step time, per planned sample
+        per_sample = pilot.epoch_seconds_one_process() / data.train_samples
+        view = pilot_view(pilot, flops["total"], peak, ta, model_s, per_sample)
+        target_s, drafter_s = per_sample * pilot.target_share, per_sample * (1 - pilot.target_share)
         source = "pilot"
     samples = data.train_samples
     seqs_per_gpu_step = ta.batch_size * ta.grad_accum_steps

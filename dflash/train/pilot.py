@@ -18,7 +18,9 @@ checkpointing, loss) runs three phases of W warm-up + M measured optimizer steps
             activations, logits) a row can carry;
   ordinary  a seeded sample of epoch 0's packed rows: the step time the run will see.
 Rates are time-weighted (tokens of the measured steps / their seconds), never a mean of per-step rates. Each step is
-split into data wait (packing + reading shards), target forward, drafter forward + backward, optimizer. Peak memory
+split into data wait (packing + reading shards), target forward, drafter forward + backward, optimizer. The plan
+scales the ordinary step time by the epoch's packed rows (the same data, packed by the same code) to the planned
+GPUs and layout, split into the target's share and the rest. Peak memory
 per phase and device (dflash/train/probes.py). MFU = the planner's FLOPs of the documents and anchors the step
 really fed (dflash/drafter/flops.py, the count the plan uses) / seconds / the device's profile peak for the
 compute dtype. Sanity: every hooked layer's features finite and not all zero (RMS per layer in the report), the
@@ -76,8 +78,7 @@ PILOT_HEADLINE = (  # reports/train_pilot.json, what the plan reads (everything:
     "step_seconds",
     "tokens_per_s",
     "samples_per_s",
-    "target_seconds_per_sample",
-    "drafter_seconds_per_sample",
+    "target_share",
     "worst_step_seconds",
     "peak_memory_gb",
     "device_memory_gb",
@@ -284,6 +285,10 @@ def summarize_phase(records: list[StepRecord], memory: dict, world: int) -> dict
         "tokens_per_s": sum(r.tokens for r in measured) / seconds,
         "samples_per_s": docs / seconds,
         "seconds_per_sample": {k.removesuffix("_s"): v * world / docs for k, v in parts.items()},
+        # per token of one process: packed rows are full, so a step's cost follows its tokens, not its documents
+        "seconds_per_token": {
+            k.removesuffix("_s"): v * world / sum(r.tokens for r in measured) for k, v in parts.items()
+        },
         "share": {k.removesuffix("_s"): v / seconds for k, v in parts.items()},
         "achieved_tflops": sum(r.flops for r in measured) / seconds / 1e12,
         "row_tokens": max(r.row_tokens for r in records),
@@ -395,7 +400,7 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
     step_s = ordinary.get("step_seconds")
     dev = trainer.device
     mem_total = torch.cuda.get_device_properties(dev).total_memory / 1e9 if dev.type == "cuda" else host_memory_gb()
-    per_sample = ordinary.get("seconds_per_sample", {})
+    per_token = ordinary.get("seconds_per_token", {})
     out = {
         "verdict": verdict,
         "problem": problem,
@@ -420,9 +425,10 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
         "step_seconds": step_s,
         "tokens_per_s": ordinary.get("tokens_per_s"),
         "samples_per_s": ordinary.get("samples_per_s"),
-        "target_seconds_per_sample": per_sample.get("target"),
-        "drafter_seconds_per_sample": (  # everything but the target forward: data, drafter, optimizer
-            sum(v for k, v in per_sample.items() if k != "target") if per_sample else None
+        "target_share": ordinary["share"]["target"] if ordinary else None,  # of the ordinary step: the target forward
+        "target_seconds_per_token": per_token.get("target"),
+        "drafter_seconds_per_token": (  # everything but the target forward: data, drafter, optimizer
+            sum(v for k, v in per_token.items() if k != "target") if per_token else None
         ),
         "worst_step_seconds": max(
             (phases[n]["step_seconds"] for n in ("longest", "anchors") if n in phases), default=None
