@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ONE prepared GPU check for a GPU host or a lent device: < 8 minutes, every figure printed and kept.
+# ONE prepared GPU check for a GPU host or a lent device: < 12 minutes, every figure printed and kept.
 #
 #   bash benchmarks/gpu_check.sh            # on a CUDA machine, from anywhere (it cd's to the repo root)
 #   bash benchmarks/gpu_check.sh --smoke    # tiny sizes: the code paths only (on CPU every step is then a SKIP)
@@ -20,9 +20,14 @@
 #                       FLOPs model; peak = params/hardware.yaml profile and a measured bf16 matmul)
 #   fla    T_FLA=60     benchmarks/fla_forward.py: a 4-layer Qwen3.5 decoder (27B layer geometry) through
 #                       fla-core's chunk_gated_delta_rule at 4096 tokens, checked against the torch path
-#   serve  T_SERVE=300  benchmarks/successors_serve.py: a tiny DSpark and a tiny DFlash2 drafter (over-fitted
+#   serve  T_SERVE=150  benchmarks/successors_serve.py: a tiny DSpark and a tiny DFlash2 drafter (over-fitted
 #                       on a tiny random Qwen3 target's greedy continuations) served by vLLM's V2 model runner,
 #                       tau and per-position counts against the reference evaluator's; goal |gap| <= 5%
+#   pilot  T_PILOT=120  benchmarks/pilot_27b.py: the training pilot (python -m stages.train --pilot's code) with the
+#                       27B drafter and a random 6-layer target of the real width and vocabulary: step time of the
+#                       worst and ordinary rows, peak memory, MFU, attention path and GDN kernels
+# The budgets add up to ~11 min; GPU_CHECK_SKIP="serve pilot" (names, space-separated) skips steps to fit a
+# shorter window, each printed as a SKIP line.
 # Output: OUT (the device tool sets it; default ./gpu_check_out): env.json, NAME.log and NAME.json per step,
 # tests.xml, gpu_check.json (all figures), summary.txt (the table printed last). Exit status 0 whatever a step
 # does: a failing step's line says FAIL and why; a step that cannot run here says SKIP and why.
@@ -115,6 +120,10 @@ say "python $PY, device $DEV, smoke $SMOKE, out $OUT"
 runnable() {
     local name=$1 absent
     shift
+    if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+        skip "$name" "named in GPU_CHECK_SKIP"
+        return 1
+    fi
     if [[ "$DEV" != cuda && $SMOKE == 0 ]]; then
         skip "$name" "no CUDA device (bash benchmarks/gpu_check.sh --smoke checks the code paths on CPU)"
         return 1
@@ -125,7 +134,7 @@ runnable() {
     fi
 }
 
-# ---- the five steps -----------------------------------------------------------------------------------
+# ---- the steps -----------------------------------------------------------------------------------
 if runnable tests "${NEED_PROJECT[@]}" transformers pytest; then
     step tests "${T_TESTS:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/tests.xml" \
         tests/integration/test_model_gpu.py tests/integration/test_train_gpu.py
@@ -143,7 +152,11 @@ if runnable fla torch transformers; then
         "${SMOKE_ARGS[@]}"
 fi
 if runnable serve "${NEED_PROJECT[@]}" transformers safetensors; then
-    step serve "${T_SERVE:-300}" "$PY" benchmarks/successors_serve.py --device "$DEV" --json "$OUT/serve.json" \
+    step serve "${T_SERVE:-150}" "$PY" benchmarks/successors_serve.py --device "$DEV" --json "$OUT/serve.json" \
+        "${SMOKE_ARGS[@]}"
+fi
+if runnable pilot "${NEED_PROJECT[@]}" transformers; then
+    step pilot "${T_PILOT:-120}" "$PY" benchmarks/pilot_27b.py --device "$DEV" --json "$OUT/pilot.json" \
         "${SMOKE_ARGS[@]}"
 fi
 

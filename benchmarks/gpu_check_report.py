@@ -29,6 +29,10 @@ STEPS = {  # name -> (what it measures, JSON it writes)
     "mfu": ("bf16 step time and MFU of the 1.73 B drafter", "mfu.json"),
     "fla": ("hybrid-target forward through fla-core kernels vs the torch path", "fla.json"),
     "serve": ("tiny DSpark and DFlash2 drafters served by vLLM (V2 runner) vs the reference evaluator", "serve.json"),
+    "pilot": (
+        "training pilot: 27B drafter, random 6-layer target of the real width: step time, memory, MFU",
+        "pilot.json",
+    ),
 }
 
 
@@ -193,6 +197,24 @@ def _serve(f: dict) -> tuple[str, str, dict]:
     return "OK", f"goal |gap| <= {100 * f['max_gap']:g}% met: {line}", f
 
 
+def _pilot(f: dict) -> tuple[str, str, dict]:
+    t = f.get("target") or {}
+    if f.get("verdict") != "ok":
+        return "FAIL", f"verdict {f.get('verdict')}: {f.get('problem')}", f
+    att = f.get("attention_path") or {}
+    gdn = f.get("linear_attention") or {}
+    mfu = f"MFU {f['mfu']:.3f} of {f['peak_tflops']:g} TFLOP/s ({f['peak_source']})" if f.get("mfu") else "no MFU"
+    line = (
+        f"{t.get('layers')}-layer {t.get('hidden_size')}-wide target: step {f['step_seconds']:.3f} s ordinary, "
+        f"{f['worst_step_seconds']:.3f} s worst; {f['tokens_per_s']:,.0f} tok/s; peak {f['peak_memory_gb']:.1f} GB "
+        f"({f['peak_phase']} rows, of {f['device_memory_gb']:.0f}); {f['achieved_tflops']:.1f} TFLOP/s, {mfu}; "
+        f"{att.get('mask')}{', flex compiled' if att.get('flex_kernel_compiled') else ''}; GDN "
+        f"{'fused (fla)' if gdn.get('fused') else 'torch fallback'}; first loss {f['first_loss']:.2f} (ln V "
+        f"{f['ln_vocab']:.2f})"
+    )
+    return "OK", line, f
+
+
 def summary(out: Path) -> None:
     env_info = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {}
     cuda = bool(env_info.get("cuda"))
@@ -230,7 +252,9 @@ def _step(out: Path, name: str, rc: int, note: str) -> tuple[str, str, dict]:
         if name == "tests":
             return _tests(path)
         figures = json.loads(path.read_text())
-        status, line, figures = {"flex": _flex, "mfu": _mfu, "fla": _fla, "serve": _serve}[name](figures)
+        status, line, figures = {"flex": _flex, "mfu": _mfu, "fla": _fla, "serve": _serve, "pilot": _pilot}[name](
+            figures
+        )
     except Exception as exc:
         return "FAIL", f"unreadable {artefact}: {type(exc).__name__}: {exc}", {}
     if timed_out:  # the figures written before the budget ran out stand; the step says it was cut short

@@ -1,10 +1,13 @@
-"""Stage `plan`: time, memory and cost estimates for generation and training, before GPU time is spent.
+"""Stage `plan`: time, memory and cost estimates for generation and training, before GPU time is spent, and how close
+they came once the stages ran.
 
-Inputs: params `plan`, `drafter`, `base`; the target's config.json (`plan.target_config`, default
-`${base.target_dir}/config.json`); the GPU profiles file (`plan.hardware_file`); and, when they exist,
-the audit / tokenize / pilot metrics. No torch, no model download.
-Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (headline metrics),
-`plan_details.json` (everything),
+Inputs: params `plan`, `drafter`, `base` (and the generate / train knobs the estimates model); the target's
+config.json (`plan.target_config`, default `${base.target_dir}/config.json`); the hardware profiles file
+(`plan.hardware_file`: GPU profiles, or the CPU host profile benchmarks/hw_probe.py measured); and, when they exist,
+the audit / tokenize / generate pilot / training pilot metrics (they replace the model's figures) and the generate /
+train stages' own metrics (calibration); the published runs of params/published/runs.yaml. No torch, no download.
+Outputs: `${base.reports_dir}/plan.md` (readable report, also printed), `plan.json` (headline metrics, with
+`calibration` once the stages ran), `plan_details.json` (everything),
 `plan_generation_scaling.csv` and `plan_train_scaling.csv` (hours vs GPU count, DVC plots) and their picture
 `plan_time_vs_gpus.png`. With
 `plan.deadline_hours` > 0, plan.json["deadline"] holds the smallest cluster that meets it (dflash/plan/deadline.py).

@@ -1,11 +1,15 @@
-"""Stage `train`: train the DFlash drafter online against the target, then export it in the z-lab format.
+"""Stage `train`: train the DFlash drafter online against the target, then export it in the z-lab format; with
+`--pilot`, stage `train_pilot`: a few measured steps on the worst and on ordinary rows before the long run.
 
 Inputs: `${tokenize.out}/train/shard-*.arrow`, the target in `${base.target_dir}`, params `train`, `drafter`, `base`.
 Outputs: `${train.out}/drafter/` (config.json + model.safetensors + run_info.json: what eval serves),
 `${train.out}/checkpoints/<config hash>/` (persisted: a killed run resumes where its last checkpoint left off),
 dvclive metrics and plots in `${train.live_dir}/`, metrics `${base.reports_dir}/train.json` (+ `train_details.json`).
+With `--pilot` (dflash/train/pilot.py): `${base.reports_dir}/train_pilot.json` (+ `train_pilot_details.json`): step
+time, tokens/s, peak memory, MFU, feature norms; exit 1 on an out-of-memory or unusable target features.
 
     python -m stages.train --params params.yaml
+    python -m stages.train --params params.yaml --pilot
     torchrun --nproc_per_node 2 -m stages.train --params params.yaml --overlay params/gpu-qwen3.6-27b.yaml
     torchrun --nnodes N --node-rank R --nproc-per-node M --rdzv-backend c10d --rdzv-endpoint HEAD:29500 \
         -m stages.train --params params.yaml     # on every node; train.out on a shared filesystem
@@ -17,12 +21,36 @@ from dflash.core import cli
 from dflash.core.errors import UserError
 
 SHOWN = ("steps", "total_steps", "first_loss", "final_loss", "final_tau_hat", "tokens_per_s", "packing_efficiency")
+PILOT_SHOWN = ("verdict", "step_seconds", "tokens_per_s", "peak_memory_gb", "peak_phase", "mfu", "first_loss")
 
 
-def main(params):
+def add_args(parser):
+    parser.add_argument(
+        "--pilot",
+        action="store_true",
+        help="pilot: measured steps on the worst and ordinary rows, reports/train_pilot.json",
+    )
+
+
+def pilot(params):
+    from dflash.core.metrics import write_metrics
+    from dflash.train.pilot import PILOT_HEADLINE, run_pilot
+
+    report = run_pilot(params, Path(params.tokenize.out) / "train")
+    if report is None:  # not global rank 0: rank 0 writes and judges
+        return
+    write_metrics(params.base.reports_dir, "train_pilot", report, PILOT_HEADLINE)
+    print({k: report[k] for k in PILOT_SHOWN})
+    if report["verdict"] != "ok":
+        raise UserError(report["problem"])
+
+
+def main(params, args):
     from dflash.core.metrics import write_metrics
     from dflash.train.loop import HEADLINE, Trainer
 
+    if args.pilot:
+        return pilot(params)
     trainer = Trainer(params, Path(params.tokenize.out) / "train")  # what a user can get wrong fails here
     try:
         summary = trainer.run()
@@ -39,4 +67,4 @@ def main(params):
 
 
 if __name__ == "__main__":
-    cli.run(main, __doc__.split("\n\n")[0])
+    cli.run(main, __doc__.split("\n\n")[0], add_args=add_args)

@@ -415,7 +415,15 @@ def write_eval_shard(path, samples):
 
 
 GPU_CHECK_SCRIPT = REPO / "benchmarks/gpu_check.sh"
-GPU_CHECK_STEPS = ("setup", "tests", "flex", "mfu", "fla", "serve")  # the steps benchmarks/gpu_check.sh reports
+GPU_CHECK_STEPS = (
+    "setup",
+    "tests",
+    "flex",
+    "mfu",
+    "fla",
+    "serve",
+    "pilot",
+)  # the steps benchmarks/gpu_check.sh reports
 
 
 def run_gpu_check(out: Path, *args: str, **env: str):

@@ -7,6 +7,7 @@
   io.py                  atomic writes, JSON, hashes, Arrow IPC shards
   chat.py                chat-template rendering (transformers' tokenizer, or jinja2 + tokenizers: no torch)
   target_config.py       the ONE reader of a target's target.json / config.json (TargetArch)
+  target_counts.py       parameter and prefill FLOP counts of a target (the plan and the training pilot)
   hf.py                  the target through transformers: tokenizer, config fallback, weights (lazy imports)
   contracts.py           the Arrow schemas handed from stage to stage
   gates.py               data-quality gates (audit and tokenize)

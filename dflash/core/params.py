@@ -190,7 +190,9 @@ class PlanGenerationParams:
     so the plan always models the engines the generate stage will really start."""
 
     kv_cache_dtype: Literal["bf16", "fp8"]  # KV cache element type of full-attention layers
-    ssm_state_dtype: Literal["bf16", "fp32"]  # Gated DeltaNet recurrent state type in the engine's cache
+    ssm_state_dtype: Literal[
+        "auto", "bf16", "fp32"
+    ]  # Gated DeltaNet recurrent state type in the engine's cache; auto = the target config's mamba_ssm_dtype as vLLM reads it (fp32 for Qwen3.6), else bf16
     activation_reserve_gb: float  # per GPU, inside gpu_memory_utilization: activations, CUDA graphs, sampler
     bandwidth_efficiency: float  # share of peak memory bandwidth a decode step reaches (H200 copy: 0.89 measured)
     decode_mfu: float  # share of dense BF16 peak a compute-bound decode step reaches
@@ -218,14 +220,23 @@ class PlanParams:
     """Stage `plan`: time, memory and cost estimates from configs, a GPU profile and measurements."""
 
     target_config: str  # target config.json to plan for; "" = ${base.target_dir}/config.json
-    hardware_file: str  # GPU profiles file (memory, bandwidth, dense BF16 peak, interconnect, source)
-    hardware: str  # profile name in hardware_file
+    hardware_file: str  # hardware profiles file (memory, bandwidth, dense matmul peaks, interconnect, source)
+    hardware: str  # profile name in hardware_file (a GPU, or the CPU host benchmarks/hw_probe.py measured)
     num_gpus: int  # GPUs of that profile
     price_per_gpu_hour: float  # USD per GPU-hour for the cost lines; 0 = the profile's price (0 there = no cost)
-    weight_dtype: Literal["bf16", "fp8"]  # target weights: bf16, or fp8 matmul weights (embeddings stay bf16)
+    weight_dtype: Literal[
+        "bf16", "fp8", "fp32"
+    ]  # target weights: bf16, fp8 matmul weights (embeddings stay bf16), or fp32 (a CPU demo engine)
     audit_json: str  # audit metrics read when present; "" = ${base.reports_dir}/audit.json
     tokenize_json: str  # tokenize metrics read when present; "" = ${base.reports_dir}/tokenize.json
     pilot_json: str  # generate pilot metrics read when present; "" = ${base.reports_dir}/pilot.json
+    train_pilot_json: str  # training pilot metrics read when present; "" = ${base.reports_dir}/train_pilot.json
+    generate_json: (
+        str  # the generate stage's metrics, compared with the plan when present; "" = ${base.reports_dir}/generate.json
+    )
+    train_json: (
+        str  # the train stage's metrics, compared with the plan when present; "" = ${base.reports_dir}/train.json
+    )
     gpu_counts: list[int]  # GPU counts for the time-vs-GPUs table and plots
     deadline_hours: float  # wall-clock deadline for generation + training: the plan sizes the smallest cluster that meets it; 0 = off
     gpus_per_node: int  # GPUs per node of the deadline's cluster (engines and split processes stay inside a node)
@@ -388,7 +399,7 @@ class TrainParams:
     """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train/loop.py).
     Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
     checkpoint cadence, device placement, the parallel wrapper ddp | fsdp, max_steps, export_dtype,
-    target_batch_tokens, compile) are left out of the checkpoint folder's config hash, so changing them still
+    target_batch_tokens, compile, activation_checkpointing, the pilot's step counts) are left out of the checkpoint folder's config hash, so changing them still
     resumes; batch_size and grad_accum_steps enter it only through the global batch (rows per optimizer step)."""
 
     out: str  # output folder: drafter/ (the z-lab export eval serves) and checkpoints/<config hash>/ (persisted)
@@ -420,6 +431,7 @@ class TrainParams:
     feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)
     attention: Literal["auto", "sdpa", "flex"]  # drafter attention backend; auto = flex on CUDA, sdpa on CPU
     compile: bool  # torch.compile the drafter
+    activation_checkpointing: bool  # recompute each drafter decoder layer in backward instead of keeping its activations (less memory, slower backward)
     dtype: Literal["auto", "float32", "bfloat16"]  # target weights + drafter autocast (fp32 master); auto: bf16 on CUDA
     target_device: str  # auto | cpu | cuda | cuda:N (N counts from this process's first GPU); auto = cuda:0 or cpu
     drafter_device: str  # same spelling; a different GPU than the target's = the split layout
@@ -431,6 +443,10 @@ class TrainParams:
     log_every: int  # optimizer steps between dvclive / progress-bar updates
     max_steps: int  # stop after this many optimizer steps in total (0 = all epochs); the schedule still spans all
     export_dtype: Literal["auto", "float32", "bfloat16"]  # dtype of the exported drafter; auto = the compute dtype
+    pilot_warmup_steps: (
+        int  # pilot (`python -m stages.train --pilot`): unmeasured steps first in each phase (allocation, compilation)
+    )
+    pilot_steps: int  # pilot: measured optimizer steps in each phase (longest rows, most-anchor rows, ordinary rows)
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,8 @@ TRAIN = {
     "keep_checkpoints": at_least(1),
     "log_every": at_least(1),
     "max_steps": at_least(0),
+    "pilot_warmup_steps": at_least(0),
+    "pilot_steps": at_least(1),
 }
 PLAN = {
     "num_gpus": at_least(1),

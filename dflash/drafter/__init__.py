@@ -1,6 +1,7 @@
 """The DFlash drafter, from its geometry to the checkpoint that serving engines load.
 
   geometry.py   DrafterConfig from params + the target, the one validator, parameter counts (torch-free)
+  flops.py      FLOPs of training on one document: target forward + drafter + frozen lm_head (torch-free)
   layers.py     RMSNorm, full-head RoPE, KV-injection attention (sdpa | flex), SwiGLU, decoder layer
   masks.py      the anchor-block attention rule: flex BlockMask, dense SDPA mask, naive reference
   model.py      DFlashDrafter (training forward), block inputs and labels, target feature concat
@@ -10,5 +11,5 @@
   dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
   kinds.py      build_drafter for every drafter.kind
 
-May import: dflash.core. geometry.py imports no torch (the plan stage uses it).
+May import: dflash.core. geometry.py and flops.py import no torch (the plan stage uses them).
 """

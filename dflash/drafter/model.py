@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from dflash.drafter.geometry import DrafterConfig
 from dflash.drafter.layers import DecoderLayer, RMSNorm, rope_cos_sin
@@ -59,6 +60,9 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(c.num_target_features * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        # train.activation_checkpointing: keep only each decoder layer's inputs and recompute the layer in backward
+        # (memory of the saved activations of every block token in every layer, for a slower backward)
+        self.activation_checkpointing = False
         self.reset_parameters()
 
     def reset_parameters(self, std: float = 0.02) -> None:
@@ -106,7 +110,10 @@ class DFlashDrafter(nn.Module):
         h = block_embeds.to(dtype)  # (N*B, H)
         for layer, kind in zip(self.layers, c.layer_types, strict=True):
             ctx_k, ctx_v = layer.self_attn.project_kv(ctx, ctx_cos, ctx_sin)  # (S, nkv, hd)
-            h = layer(h, ctx_k, ctx_v, cos, sin, masks[kind], backend)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                h = checkpoint(layer, h, ctx_k, ctx_v, cos, sin, masks[kind], backend, use_reentrant=False)
+            else:
+                h = layer(h, ctx_k, ctx_v, cos, sin, masks[kind], backend)
         return self.norm(h)
 
 

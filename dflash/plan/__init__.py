@@ -1,12 +1,20 @@
-"""Stage `plan`: time, memory and cost of generation and training before any GPU time is spent.
+"""Stage `plan`: time, memory and cost of generation and training before any GPU time is spent, and how close the
+plan came once the stages ran.
 
-  sizing.py     parameter / byte / FLOP counts of a target (dense or hybrid Gated DeltaNet)
-  inputs.py     what the plan reads: GPU profiles, the target's config, audit / tokenize / pilot metrics
-  estimate.py   make_plan: reads the inputs, runs the estimates below, the summary (plan.json) and assumptions
-  generation.py generation: roofline decode per vLLM engine, cache capacity, pilot calibration
-  training.py   training: FLOPs per sequence, per-GPU memory and time per device layout (single, split, DDP)
-  deadline.py   plan.deadline_hours: the smallest cluster (nodes x GPUs) that meets it, gradient all-reduce included
-  report.py     plan.md, the deadline and scaling tables
+  inputs.py       what the plan reads: the hardware profile, the target's config, audit / tokenize / pilot metrics
+  measured.py     the training pilot and the stages' own reports (generate.json, train.json)
+  settings.py     the runs it prices: generate's engines and train's knobs beside the efficiency assumptions
+  sizing.py       bytes a target loads and reads per decode step, KV / Gated DeltaNet cache, decode FLOPs
+  generation.py   generation: roofline decode per vLLM engine, cache capacity, the generate pilot's rate and drain
+  training.py     training: FLOPs per sequence, per-GPU memory and time per device layout, the training pilot
+  deadline.py     plan.deadline_hours: the smallest cluster (nodes x GPUs) that meets it, gradient all-reduce included
+  calibration.py  planned vs measured per stage (plan.json["calibration"])
+  published.py    the pre-pilot model against published measured runs (params/published/runs.yaml)
+  assumptions.py  the modelling choices in words, what the model leaves out
+  result.py       the typed Plan and its JSON
+  estimate.py     build_plan / make_plan: reads the inputs, runs the estimates above
+  report.py       plan.md, section by section (report_generation.py, report_training.py, report_deadline.py,
+                  report_checks.py; number formatting in report_format.py)
 
-May import: dflash.core, dflash.drafter (its torch-free geometry only). No torch.
+May import: dflash.core, dflash.drafter (its torch-free geometry and flops only). No torch.
 """

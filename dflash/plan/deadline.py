@@ -2,8 +2,9 @@
 `plan.deadline_hours` (0 = off).
 
 Inputs: the plan's target, drafter, GPU profile, training knobs and dataset (dflash/plan/estimate.py builds
-them), `plan.gpus_per_node`, `plan.internode_gbps`, `plan.allreduce_overlap`. Output: the dict that
-`make_plan` puts under "deadline" (plan_details.json) and whose headline (`summary`) goes into plan.json.
+them as a `PlanContext`), `plan.gpus_per_node`, `plan.internode_gbps`, `plan.allreduce_overlap`. Output: a
+`Deadline`, under "deadline" in plan_details.json, its `summary()` in plan.json. With a training pilot measured on
+the planned hardware its step times replace the FLOPs model's at every size (dflash/plan/training.py).
 
 The cluster runs generation on every GPU (`G // tensor_parallel_size` engines, data parallel, no traffic
 between engines), then training on every GPU in the planned layout scaled to G (dflash/plan/training.py
@@ -22,11 +23,18 @@ In the split layout the drafter side and the target side form a pipeline: the st
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
 
 from dflash.core.errors import UserError
+from dflash.core.hardware import GpuProfile
+from dflash.core.params import PlanParams
+from dflash.core.target_config import TargetArch
+from dflash.drafter.geometry import DrafterConfig
 from dflash.plan.generation import generation_estimate
-from dflash.plan.training import training_at
+from dflash.plan.inputs import Dataset
+from dflash.plan.measured import TrainPilot
+from dflash.plan.settings import GenerationSettings, TrainSettings
+from dflash.plan.training import Layout, TrainingEstimate, training_at
 
 GB = 1e9
 GRAD_BYTES_PER_PARAM = 4  # fp32 gradients of the fp32 master weights (dflash/train/loop.py)
@@ -47,168 +55,246 @@ def cluster_sizes(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
     return inside + [k * gpus_per_node for k in range(2, max_gpus // gpus_per_node + 1)]
 
 
-def data_parallel_ranks(name: str, lay: dict) -> int:
+@dataclass(frozen=True)
+class PlanContext:
+    """Everything the deadline search prices a cluster size with."""
+
+    plan: PlanParams
+    target: TargetArch
+    drafter: DrafterConfig
+    hw: GpuProfile
+    gs: GenerationSettings
+    ta: TrainSettings
+    data: Dataset
+    train_gpus: int  # the planned training GPU count (the split's share of target GPUs scales from it)
+    gpus_per_node: int
+    grad_bytes: float  # gradient bytes all-reduced per optimizer step
+    pilot: TrainPilot | None = None  # measured on the planned hardware: its step times stand in for the model's
+    backend: str = "engines"
+
+
+@dataclass
+class SizeRow:
+    """One cluster size: its generation and training hours, the chosen layout with its all-reduce."""
+
+    gpus: int
+    nodes: int
+    link_gbps: float
+    generation_hours: float | None
+    layout: str
+    ranks: int
+    allreduce_s: float
+    exposed_s: float
+    compute_step_s: float
+    step_s: float
+    compute_hours: float
+    train_hours: float
+    fits: bool
+    margin_gb: float
+    need_gb: dict[str, float]
+    total_hours: float | None = None
+
+
+def data_parallel_ranks(name: str, lay: Layout) -> int:
     """Processes holding a drafter replica (they all-reduce its gradients)."""
     if name == "single":
         return 1
     if name == "split":
-        return lay["gpus"] - lay["target_gpus"]
-    return lay["gpus"]
+        return lay.gpus - lay.target_gpus
+    return lay.gpus
 
 
-def train_with_allreduce(est: dict, name: str, ta: Any, grad_bytes: float, link_gbps: float, overlap: float):
+def train_with_allreduce(
+    est: TrainingEstimate, name: str, ta: TrainSettings, grad_bytes: float, link_gbps: float, overlap: float, gpus: int
+) -> SizeRow:
     """One layout of a training estimate with the exposed gradient all-reduce added to each step."""
-    lay = est["layouts"][name]
+    lay = est.layouts[name]
     k = ta.batch_size * ta.grad_accum_steps  # sequences per rank per optimizer step
-    t_s, d_s = est["target_seconds_per_sequence"], est["drafter_seconds_per_sequence"]
+    t_s, d_s = est.target_seconds_per_sequence, est.drafter_seconds_per_sequence
     ranks = data_parallel_ranks(name, lay)
     allreduce = ring_allreduce_seconds(grad_bytes, ranks, link_gbps)
     hidden = overlap * BACKWARD_SHARE * d_s * ta.batch_size  # only the last micro-step's backward overlaps
     exposed = max(0.0, allreduce - hidden)
     if name == "split":
-        target_side = k * ranks * t_s / lay["target_gpus"]  # the target GPUs feed every drafter rank
+        target_side = k * ranks * t_s / lay.target_gpus  # the target GPUs feed every drafter rank
         compute = max(k * d_s, target_side)
         step = max(k * d_s + exposed, target_side)
     else:
         compute = step = k * (t_s + d_s)
         step += exposed
-    return {
-        "layout": name,
-        "ranks": ranks,
-        "allreduce_s": allreduce,
-        "exposed_s": exposed,
-        "compute_step_s": compute,
-        "step_s": step,
-        "compute_hours": lay["total_hours"],
-        "train_hours": lay["total_hours"] * step / compute,
-        "fits": lay["fits"],
-        "margin_gb": lay["margin_gb"],
-        "need_gb": {role: c["need_gb"] for role, c in lay["per_gpu"].items()},
-    }
+    return SizeRow(
+        gpus=gpus,
+        nodes=0,
+        link_gbps=link_gbps,
+        generation_hours=None,
+        layout=name,
+        ranks=ranks,
+        allreduce_s=allreduce,
+        exposed_s=exposed,
+        compute_step_s=compute,
+        step_s=step,
+        compute_hours=lay.total_hours,
+        train_hours=lay.total_hours * step / compute,
+        fits=lay.fits,
+        margin_gb=lay.margin_gb,
+        need_gb={role: c.need_gb for role, c in lay.per_gpu.items()},
+    )
 
 
-def size_row(ctx: dict, gpus: int) -> dict:
+def size_row(ctx: PlanContext, gpus: int) -> SizeRow:
     """Generation + training hours of one cluster size (None hours where the model does not fit)."""
-    p, g = ctx["plan"], ctx["gpus_per_node"]
+    p, g = ctx.plan, ctx.gpus_per_node
     nodes = math.ceil(gpus / g)
     gen = None
-    if gpus >= ctx["gs"].tensor_parallel_size:
-        gen = generation_estimate(ctx["target"], ctx["hw"], ctx["gs"], p.weight_dtype, gpus, ctx["data"], 0.0)
-        gen = gen["wall_hours"]["mid"]
+    if gpus >= ctx.gs.tensor_parallel_size:
+        gen = generation_estimate(ctx.target, ctx.hw, ctx.gs, p.weight_dtype, gpus, ctx.data, 0.0, ctx.backend)
+        gen = gen.wall_hours.mid
     est = training_at(
-        ctx["target"], ctx["drafter"], ctx["hw"], ctx["ta"], p.weight_dtype, gpus, ctx["data"], ctx["train_gpus"]
+        ctx.target, ctx.drafter, ctx.hw, ctx.ta, p.weight_dtype, gpus, ctx.data, ctx.train_gpus, ctx.pilot
     )
-    link = ctx["hw"].interconnect_gbps if nodes == 1 else min(ctx["hw"].interconnect_gbps, p.internode_gbps)
+    link = ctx.hw.interconnect_gbps if nodes == 1 else min(ctx.hw.interconnect_gbps, p.internode_gbps)
     options = {
-        n: train_with_allreduce(est, n, ctx["ta"], ctx["grad_bytes"], link, p.allreduce_overlap) for n in est["layouts"]
+        n: train_with_allreduce(est, n, ctx.ta, ctx.grad_bytes, link, p.allreduce_overlap, gpus) for n in est.layouts
     }
-    if ctx["ta"].layout == "auto" or gpus == 1:  # auto: the fastest fitting layout, communication included
-        fitting = [o for o in options.values() if o["fits"]]
-        tr = min(fitting, key=lambda o: o["train_hours"]) if fitting else options["single"]
+    if ctx.ta.layout == "auto" or gpus == 1:  # auto: the fastest fitting layout, communication included
+        fitting = [o for o in options.values() if o.fits]
+        row = min(fitting, key=lambda o: o.train_hours) if fitting else options["single"]
     else:
-        tr = options[ctx["ta"].layout]
-    total = gen + tr["train_hours"] if gen is not None and tr["fits"] else None
-    return {"gpus": gpus, "nodes": nodes, "link_gbps": link, "generation_hours": gen, **tr, "total_hours": total}
+        row = options[ctx.ta.layout]
+    row.nodes, row.generation_hours = nodes, gen
+    row.total_hours = gen + row.train_hours if gen is not None and row.fits else None
+    return row
 
 
-def slower_steps(rows: list[dict]) -> list[dict]:
+@dataclass(frozen=True)
+class SlowerStep:
+    """Two consecutive sizes where more GPUs train slower."""
+
+    from_gpus: int
+    to_gpus: int
+    from_train_hours: float
+    to_train_hours: float
+    allreduce_s: float
+    link_gbps: float
+
+
+def slower_steps(rows: list[SizeRow]) -> list[SlowerStep]:
     """Consecutive sizes where more GPUs train slower: the all-reduce costs more than the compute it splits."""
     out, prev = [], None
     for r in rows:
-        if r["total_hours"] is None:
+        if r.total_hours is None:
             continue
-        if prev is not None and r["train_hours"] > prev["train_hours"]:
-            out.append(
-                {
-                    "from_gpus": prev["gpus"],
-                    "to_gpus": r["gpus"],
-                    "from_train_hours": prev["train_hours"],
-                    "to_train_hours": r["train_hours"],
-                    "allreduce_s": r["allreduce_s"],
-                    "link_gbps": r["link_gbps"],
-                }
-            )
+        if prev is not None and r.train_hours > prev.train_hours:
+            out.append(SlowerStep(prev.gpus, r.gpus, prev.train_hours, r.train_hours, r.allreduce_s, r.link_gbps))
         prev = r
     return out
 
 
-def deadline_plan(ctx: dict) -> dict:
+@dataclass
+class Deadline:
+    """The smallest cluster that meets plan.deadline_hours (or the fastest one), and the curve around it."""
+
+    hours: float
+    met: bool
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    layout: str
+    train_hours: float
+    generation_hours: float | None
+    total_hours: float
+    best_hours: float
+    chosen: SizeRow
+    previous: SizeRow | None  # the next smaller size: misses the deadline when met
+    grad_gb_per_step: float
+    internode_gbps: float
+    intranode_gbps: float
+    allreduce_overlap: float
+    communication_dominates: list[SlowerStep]
+    curve: list[SizeRow]
+    max_gpus: int
+    train_source: str = "model"  # model | pilot: where the training step times came from
+
+    def summary(self) -> dict:
+        """The plan.json (DVC metrics) part: the cluster and its hours."""
+        c = self.chosen
+        keys = ("hours", "met", "gpus", "nodes", "gpus_per_node", "layout", "train_hours", "generation_hours")
+        return {k: getattr(self, k) for k in keys} | {
+            "total_hours": self.total_hours,
+            "best_hours": self.best_hours,
+            "train_fits": c.fits,
+            "train_margin_gb": c.margin_gb,
+            "allreduce_s_per_step": c.allreduce_s,
+            "communication_dominates": bool(self.communication_dominates),
+        }
+
+
+def deadline_plan(ctx: PlanContext) -> Deadline:
     """The smallest size meeting plan.deadline_hours, or the fastest size with met = False."""
-    p, hours = ctx["plan"], ctx["plan"].deadline_hours
-    g, tp = ctx["gpus_per_node"], ctx["gs"].tensor_parallel_size
+    p, hours = ctx.plan, ctx.plan.deadline_hours
+    g, tp = ctx.gpus_per_node, ctx.gs.tensor_parallel_size
     if tp > g:
         raise UserError(
             f"plan.gpus_per_node: {g} GPUs cannot hold one engine of generate.tensor_parallel_size={tp} "
             "(the deadline plan keeps each engine inside a node): raise plan.gpus_per_node or lower the TP size"
         )
-    if ctx["hw"].interconnect_gbps <= 0:
+    linked = ctx.hw.interconnect_gbps > 0  # without a link figure only one device can be priced (no all-reduce)
+    rows = [size_row(ctx, n) for n in (cluster_sizes(g) if linked else [1])]
+    feasible = [r for r in rows if r.total_hours is not None]
+    if not linked and not any(r.total_hours <= hours for r in feasible):
         raise UserError(
-            f"{p.hardware_file}: profiles.{p.hardware}.interconnect_gbps is 0 (unknown): the deadline plan needs "
-            "the GPU-to-GPU bandwidth for the gradient all-reduce; set it in the profile"
+            f"{p.hardware_file}: profiles.{p.hardware}.interconnect_gbps is 0 (unknown): one device misses "
+            "plan.deadline_hours, and more need the device-to-device bandwidth for the gradient all-reduce; set it "
+            "in the profile"
         )
-    rows = [size_row(ctx, n) for n in cluster_sizes(g)]
-    feasible = [r for r in rows if r["total_hours"] is not None]
     if not feasible:
         raise UserError(
-            f"plan.deadline_hours: no cluster of up to {MAX_GPUS} x {ctx['hw'].name} fits generation and training "
+            f"plan.deadline_hours: no cluster of up to {MAX_GPUS} x {ctx.hw.name} fits generation and training "
             "in memory (see the plan's memory verdicts)"
         )
-    met = [r for r in feasible if r["total_hours"] <= hours]
-    chosen = met[0] if met else min(feasible, key=lambda r: r["total_hours"])
+    met = [r for r in feasible if r.total_hours <= hours]
+    chosen = met[0] if met else min(feasible, key=lambda r: r.total_hours)
     i = rows.index(chosen)
-    shown = {r["gpus"] for r in rows if r["gpus"] in (1, g) or (r["gpus"] % g == 0 and _pow2(r["gpus"] // g))}
-    shown |= {chosen["gpus"]} | ({rows[i - 1]["gpus"]} if i else set())
-    slower = slower_steps(rows)
-    return {
-        "hours": hours,
-        "met": bool(met),
-        "gpus": chosen["gpus"],
-        "nodes": chosen["nodes"],
-        "gpus_per_node": g,
-        "layout": chosen["layout"],
-        "train_hours": chosen["train_hours"],
-        "generation_hours": chosen["generation_hours"],
-        "total_hours": chosen["total_hours"],
-        "best_hours": min(r["total_hours"] for r in feasible),
-        "chosen": chosen,
-        "previous": rows[i - 1] if i else None,  # the next smaller size: misses the deadline when met
-        "grad_gb_per_step": ctx["grad_bytes"] / GB,
-        "internode_gbps": p.internode_gbps,
-        "intranode_gbps": ctx["hw"].interconnect_gbps,
-        "allreduce_overlap": p.allreduce_overlap,
-        "communication_dominates": slower,
-        "curve": [r for r in rows if r["gpus"] in shown],
-        "max_gpus": MAX_GPUS,
-    }
+    shown = {r.gpus for r in rows if r.gpus in (1, g) or (r.gpus % g == 0 and _pow2(r.gpus // g))}
+    shown |= {chosen.gpus} | ({rows[i - 1].gpus} if i else set())
+    return Deadline(
+        hours=hours,
+        met=bool(met),
+        gpus=chosen.gpus,
+        nodes=chosen.nodes,
+        gpus_per_node=g,
+        layout=chosen.layout,
+        train_hours=chosen.train_hours,
+        generation_hours=chosen.generation_hours,
+        total_hours=chosen.total_hours,
+        best_hours=min(r.total_hours for r in feasible),
+        chosen=chosen,
+        previous=rows[i - 1] if i else None,
+        grad_gb_per_step=ctx.grad_bytes / GB,
+        internode_gbps=p.internode_gbps,
+        intranode_gbps=ctx.hw.interconnect_gbps,
+        allreduce_overlap=p.allreduce_overlap,
+        communication_dominates=slower_steps(rows),
+        curve=[r for r in rows if r.gpus in shown],
+        max_gpus=MAX_GPUS,
+        train_source="pilot" if ctx.pilot is not None and ctx.pilot.ran_on(ctx.hw) else "model",
+    )
 
 
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def deadline_summary(d: dict) -> dict:
-    """The plan.json (DVC metrics) part: the cluster and its hours."""
-    c = d["chosen"]
-    keys = ("hours", "met", "gpus", "nodes", "gpus_per_node", "layout", "train_hours", "generation_hours")
-    return {k: d[k] for k in keys} | {
-        "total_hours": d["total_hours"],
-        "best_hours": d["best_hours"],
-        "train_fits": c["fits"],
-        "train_margin_gb": c["margin_gb"],
-        "allreduce_s_per_step": c["allreduce_s"],
-        "communication_dominates": bool(d["communication_dominates"]),
-    }
-
-
-def deadline_assumptions(d: dict) -> list[str]:
+def deadline_assumptions(d: Deadline) -> list[str]:
     return [
         f"Deadline: the cluster runs generation on all its GPUs, then training on all of them; sizes 1 .. "
-        f"{d['gpus_per_node']} GPUs in one node, then whole nodes of plan.gpus_per_node {d['gpus_per_node']}, up to "
-        f"{d['max_gpus']}. Generation scales with engines (no traffic between them); an engine stays in one node.",
-        f"Gradient all-reduce once per optimizer step: {d['grad_gb_per_step']:.2f} GB (fp32 gradients of the drafter), "
-        f"ring 2 (n - 1) / n x bytes over the slowest link: {d['intranode_gbps']:.0f} GB/s inside a node "
-        f"(interconnect_gbps), min(that, plan.internode_gbps {d['internode_gbps']:g}) across nodes. DDP hides "
-        f"{d['allreduce_overlap']:.0%} of the last micro-step's drafter backward (plan.allreduce_overlap); the rest "
+        f"{d.gpus_per_node} GPUs in one node, then whole nodes of plan.gpus_per_node {d.gpus_per_node}, up to "
+        f"{d.max_gpus}. Generation scales with engines (no traffic between them); an engine stays in one node. "
+        f"Training step times: {'the training pilot' if d.train_source == 'pilot' else 'the FLOPs model'}.",
+        f"Gradient all-reduce once per optimizer step: {d.grad_gb_per_step:.2f} GB (fp32 gradients of the drafter), "
+        f"ring 2 (n - 1) / n x bytes over the slowest link: {d.intranode_gbps:.0f} GB/s inside a node "
+        f"(interconnect_gbps), min(that, plan.internode_gbps {d.internode_gbps:g}) across nodes. DDP hides "
+        f"{d.allreduce_overlap:.0%} of the last micro-step's drafter backward (plan.allreduce_overlap); the rest "
         "adds to the drafter's step. Latency, stragglers, congestion and hierarchical (tree / NVLS) algorithms are "
         "not modelled.",
         "Data parallel training grows the global batch with the ranks (batch_size x grad_accum_steps x ranks): the "

@@ -1,20 +1,33 @@
 """Generation estimate: one vLLM engine per `tensor_parallel_size` GPUs, decode as a roofline per engine.
 
 A decode step at batch b reads the weights once plus each sequence's KV cache and Gated DeltaNet state
-(bytes / (bandwidth x efficiency)) and does 2 x params FLOPs per token (/ (peak x decode_mfu)); the slower
+(bytes / (bandwidth x efficiency)) and does 2 x params FLOPs per token (/ (matmul peak x decode_mfu)); the slower
 of the two is the step time. b = min(max_num_seqs, sequences that fit in the cache). In continuous batching
 long sequences stay resident longer, so the mean resident length is prompt + mean_output x (1 + cv^2) / 2
 (cv: coefficient of variation of output lengths). A pilot's measured rate, when there is one, replaces the
 model's and the model stays beside it for comparison.
+
+Which measured rate: the pilot run's own when it ran at the concurrency and on the backend generate will use, else
+the sweep's level at that concurrency (one engine, steady state), else the pilot run's own. A pilot run's rate
+includes its drain: once its queue empties, the last sequences finish at a shrinking batch for about as many steps
+as the longest outputs (p99) have tokens. A small pilot spends a large share of its time there, a full run almost
+none, so its steady rate is rate x (full-batch steps + drain steps) / full-batch steps, and the full run's time is
+its full-batch steps plus one drain (`steady_rate`, `drained_seconds`). Without the pilot's p99 and concurrency no
+drain is modelled.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
+from dflash.core import target_counts
 from dflash.core.errors import UserError
+from dflash.core.hardware import GpuProfile
+from dflash.core.target_config import TargetArch
 from dflash.plan import sizing
-from dflash.plan.inputs import number
+from dflash.plan.inputs import Dataset, GeneratePilot
+from dflash.plan.settings import GenerationSettings
 
 GB = 1e9
 
@@ -38,31 +51,134 @@ def headroom_bytes(memory_bytes: float, weight_bytes: float, utilization: float 
     return memory_bytes * utilization - weight_bytes - reserve_bytes
 
 
+def steady_rate(rate: float, prompts: float, mean_output: float, concurrency: int, tail_tokens: float) -> float:
+    """A pilot engine's rate with a full batch: its measured `rate` spread its wall over the full-batch steps and a
+    drain of `tail_tokens` steps (module docstring)."""
+    full_steps = prompts * mean_output / concurrency
+    return rate * (full_steps + tail_tokens) / full_steps
+
+
+def drained_seconds(tokens: float, engines: int, concurrency: int, rate: float, tail_tokens: float) -> float:
+    """A run of `tokens` over `engines` engines at a steady `rate` each: its full-batch time and one drain."""
+    return tokens / (rate * engines) + tail_tokens * concurrency / rate
+
+
 # --------------------------------------------------------------------------------------------
 # Generation
 # --------------------------------------------------------------------------------------------
 
 
-def decode_step(t, hw, gp, weight_read_bytes, batch, context, tp):
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step of one engine."""
+
+    batch: int
+    step_ms: float
+    memory_ms: float
+    compute_ms: float
+    tokens_per_s: float
+    bound: str  # bandwidth | compute
+
+
+@dataclass(frozen=True)
+class CacheCapacity:
+    """Per-engine memory budget: weights, reserve, cache headroom and the sequences that fit."""
+
+    weights_gb_per_gpu: float
+    budget_gb_per_gpu: float
+    reserve_gb_per_gpu: float
+    cache_gb_per_gpu: float
+    headroom_gb_full_card: float
+    resident_context_tokens: float
+    kv_kb_per_token: float
+    state_mb_per_seq: float
+    cache_mb_per_seq: float
+    max_seqs_in_cache: int
+    batch: int
+    fits: bool
+    max_model_len_fits: bool
+
+
+@dataclass(frozen=True)
+class WallHours:
+    low: float | None
+    mid: float | None
+    high: float | None
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    max_num_seqs: int
+    measured: float
+    model: float | None
+
+
+@dataclass(frozen=True)
+class PilotRate:
+    """The generate pilot beside the model: which rate replaced the model's and how the two compare."""
+
+    measured_tokens_per_s: float
+    pilot_engines: float
+    measured_per_engine: float  # the per-engine rate the plan uses (steady when drain-corrected)
+    model_per_engine: float
+    measured_over_model: float | None
+    mean_output_tokens: float
+    p10_output_tokens: float | None
+    p90_output_tokens: float | None
+    pilot_estimated_total_hours: float | None
+    calibrated_wall_hours: float
+    rate_source: str
+    drain_tokens: float | None  # p99 output length: the drain modelled (None: none)
+    sweep_at_concurrency: float | None  # the sweep's one-engine rate at the planned concurrency, beside the rate used
+    chosen_max_num_seqs: int | None
+    sweep_vs_model: list[SweepPoint] = field(default_factory=list)
+
+
+@dataclass
+class GenerationEstimate:
+    engines: int
+    tensor_parallel_size: int
+    weights_gb: float
+    weights_read_per_step_gb: float
+    batch1_bound_tokens_per_s: float
+    memory: CacheCapacity
+    decode_curve: list[DecodeStep]
+    step: DecodeStep | None
+    model_tokens_per_s: float
+    output_tokens: float
+    prompt_tokens: float
+    prefill_hours: float
+    model_wall_hours: WallHours
+    wall_hours: WallHours
+    wall_source: str
+    max_num_seqs_source: str
+    compute_tflops: float  # the matmul peak used (the settings' compute dtype)
+    pilot: PilotRate | None = None
+    gpu_hours: float | None = None
+    cost_usd: float | None = None
+
+
+def decode_step(t, hw: GpuProfile, gp: GenerationSettings, weight_read_bytes, batch, context, tp) -> DecodeStep:
     """One decode step of one engine at `batch` sequences of `context` cached tokens each."""
     kv = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context
     state = sizing.linear_state_bytes(t, gp.ssm_state_dtype)
     step_bytes = weight_read_bytes + batch * (kv + 2 * state)  # the GDN state is read and written back
     mem_s = step_bytes / (tp * hw.bandwidth_tbps * 1e12 * gp.bandwidth_efficiency)
     flops = batch * sizing.decode_flops_per_token(t, context)
-    compute_s = flops / (tp * hw.bf16_tflops * 1e12 * gp.decode_mfu)
+    peak = hw.matmul_tflops(gp.compute_dtype, "generate.dtype")
+    compute_s = flops / (tp * peak * 1e12 * gp.decode_mfu)
     step = max(mem_s, compute_s)
-    return {
-        "batch": batch,
-        "step_ms": step * 1e3,
-        "memory_ms": mem_s * 1e3,
-        "compute_ms": compute_s * 1e3,
-        "tokens_per_s": batch / step,
-        "bound": "bandwidth" if mem_s >= compute_s else "compute",
-    }
+    return DecodeStep(
+        batch=batch,
+        step_ms=step * 1e3,
+        memory_ms=mem_s * 1e3,
+        compute_ms=compute_s * 1e3,
+        tokens_per_s=batch / step,
+        bound="bandwidth" if mem_s >= compute_s else "compute",
+    )
 
 
-def generation_capacity(t, hw, gp, weight_dtype, context):
+def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype: str, context) -> CacheCapacity:
     """Per-engine memory budget: weights, reserve, cache headroom and the sequences that fit."""
     tp = gp.tensor_parallel_size
     w = sizing.target_weight_bytes(t, weight_dtype)
@@ -72,139 +188,165 @@ def generation_capacity(t, hw, gp, weight_dtype, context):
         free = headroom_bytes(
             hw.memory_gb * GB, w["loaded"] / tp, gp.gpu_memory_utilization, gp.activation_reserve_gb * GB
         )
-    per_seq = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context + sizing.linear_state_bytes(
-        t, gp.ssm_state_dtype
-    )
-    longest = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, gp.max_model_len) * gp.max_model_len
-    longest += sizing.linear_state_bytes(t, gp.ssm_state_dtype)
+    state = sizing.linear_state_bytes(t, gp.ssm_state_dtype)
+    per_seq = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context + state
+    longest = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, gp.max_model_len) * gp.max_model_len + state
     capacity = int(free * tp // per_seq) if free > 0 else 0
-    return {
-        "weights_gb_per_gpu": w["loaded"] / tp / GB,
-        "budget_gb_per_gpu": hw.memory_gb * gp.gpu_memory_utilization,
-        "reserve_gb_per_gpu": gp.activation_reserve_gb,
-        "cache_gb_per_gpu": free / GB,
-        "headroom_gb_full_card": headroom_bytes(hw.memory_gb * GB, w["loaded"] / tp) / GB,
-        "resident_context_tokens": context,
-        "kv_kb_per_token": sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) / 1e3,
-        "state_mb_per_seq": sizing.linear_state_bytes(t, gp.ssm_state_dtype) / 1e6,
-        "cache_mb_per_seq": per_seq / 1e6,
-        "max_seqs_in_cache": capacity,
-        "batch": min(gp.max_num_seqs, capacity),
-        "fits": free > 0,
-        "max_model_len_fits": free > 0 and longest <= free * tp,
-    }
+    return CacheCapacity(
+        weights_gb_per_gpu=w["loaded"] / tp / GB,
+        budget_gb_per_gpu=hw.memory_gb * gp.gpu_memory_utilization,
+        reserve_gb_per_gpu=gp.activation_reserve_gb,
+        cache_gb_per_gpu=free / GB,
+        headroom_gb_full_card=headroom_bytes(hw.memory_gb * GB, w["loaded"] / tp) / GB,
+        resident_context_tokens=context,
+        kv_kb_per_token=sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) / 1e3,
+        state_mb_per_seq=state / 1e6,
+        cache_mb_per_seq=per_seq / 1e6,
+        max_seqs_in_cache=capacity,
+        batch=min(gp.max_num_seqs, capacity),
+        fits=free > 0,
+        max_model_len_fits=free > 0 and longest <= free * tp,
+    )
 
 
-def generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, output_tokens):
-    """Aggregate decode tokens/s over all engines at a given mean output length."""
+def generation_rate(t, hw, gp: GenerationSettings, weight_dtype, num_gpus, prompt_tokens, output_tokens):
+    """Aggregate decode tokens/s over all engines at a given mean output length: (capacity, step, rate)."""
     context = prompt_tokens + output_tokens * (1 + gp.output_length_cv**2) / 2
     cap = generation_capacity(t, hw, gp, weight_dtype, context)
     engines = num_gpus // gp.tensor_parallel_size
-    if not cap["fits"] or cap["batch"] < 1 or engines < 1:
+    if not cap.fits or cap.batch < 1 or engines < 1:
         return cap, None, 0.0
     read = sizing.target_weight_bytes(t, weight_dtype)["read_per_step"]
-    step = decode_step(t, hw, gp, read, cap["batch"], context, gp.tensor_parallel_size)
-    return cap, step, engines * step["tokens_per_s"]
+    step = decode_step(t, hw, gp, read, cap.batch, context, gp.tensor_parallel_size)
+    return cap, step, engines * step.tokens_per_s
 
 
-def sweep_level(pilot: dict, max_num_seqs: int) -> dict | None:
+def sweep_level(pilot: GeneratePilot, max_num_seqs: int) -> dict | None:
     """The pilot sweep's measurement at `max_num_seqs` in flight (None when the sweep did not measure it)."""
-    for row in pilot.get("sweep") or []:
-        if isinstance(row, dict) and row.get("max_num_seqs") == max_num_seqs and row.get("output_tokens_per_s"):
-            return row
-    return None
+    return next((row for row in pilot.sweep if row.get("max_num_seqs") == max_num_seqs), None)
 
 
-def generation_estimate(t, hw, gp, weight_dtype, num_gpus, data, price) -> dict:
-    ds_low, ds_high = data["low"], data["high"]
-    prompts, prompt_tokens, mean_out = data["num_prompts"], data["mean_prompt_tokens"], data["mean_output_tokens"]
+def pilot_rate(
+    t: TargetArch,
+    hw,
+    gp: GenerationSettings,
+    pilot: GeneratePilot,
+    backend: str,
+    est: GenerationEstimate,
+    weight_dtype: str,
+) -> PilotRate:
+    """The measured per-engine rate the plan uses (module docstring) and the model beside it."""
+    engines = est.engines
+    pilot_engines = pilot.num_engines or engines
+    measured, source, drain = pilot.output_tokens_per_s, "the pilot run's own rate", None
+    per_engine = measured / pilot_engines
+    level = sweep_level(pilot, gp.max_num_seqs)
+    same_run = pilot.max_num_seqs == gp.max_num_seqs and (pilot.backend or backend) == backend
+    if level is not None and not same_run:  # the sweep measured one engine at the concurrency generate will run at
+        measured = per_engine = level["output_tokens_per_s"]
+        pilot_engines = 1
+        source = f"sweep level max_num_seqs {level['max_num_seqs']} (one engine)"
+    elif pilot.p99_output_tokens and pilot.max_num_seqs and pilot.prompts:
+        drain = pilot.p99_output_tokens
+        per_engine = steady_rate(
+            per_engine, pilot.prompts / pilot_engines, pilot.mean_output_tokens, pilot.max_num_seqs, drain
+        )
+        source = (
+            f"the pilot run's own rate at max_num_seqs {pilot.max_num_seqs} ({pilot.backend or backend}), steady once "
+            f"its drain of ~{drain:.0f} steps (p99 output) is taken out"
+        )
+    if drain is not None:
+        seconds = drained_seconds(est.output_tokens, engines, gp.max_num_seqs, per_engine, drain)
+    else:
+        seconds = est.output_tokens / (per_engine * engines)
+    model_per_engine = est.model_tokens_per_s / engines if engines else 0.0
+    cap = est.memory
+    read = sizing.target_weight_bytes(t, weight_dtype)["read_per_step"]
+    points = []
+    for row in pilot.sweep:
+        model = None
+        if cap.fits and cap.max_seqs_in_cache >= 1:
+            b = min(row["max_num_seqs"], cap.max_seqs_in_cache)
+            model = decode_step(t, hw, gp, read, b, cap.resident_context_tokens, gp.tensor_parallel_size).tokens_per_s
+        points.append(SweepPoint(max_num_seqs=row["max_num_seqs"], measured=row["output_tokens_per_s"], model=model))
+    return PilotRate(
+        measured_tokens_per_s=measured,
+        pilot_engines=pilot_engines,
+        measured_per_engine=per_engine,
+        model_per_engine=model_per_engine,
+        measured_over_model=per_engine / model_per_engine if model_per_engine else None,
+        mean_output_tokens=pilot.mean_output_tokens,
+        p10_output_tokens=pilot.p10_output_tokens,
+        p90_output_tokens=pilot.p90_output_tokens,
+        pilot_estimated_total_hours=pilot.estimated_total_hours,
+        calibrated_wall_hours=seconds / 3600,
+        rate_source=source,
+        drain_tokens=drain,
+        sweep_at_concurrency=level["output_tokens_per_s"] if level else None,
+        chosen_max_num_seqs=pilot.chosen_max_num_seqs,
+        sweep_vs_model=points,
+    )
+
+
+def generation_estimate(
+    t: TargetArch,
+    hw: GpuProfile,
+    gp: GenerationSettings,
+    weight_dtype: str,
+    num_gpus: int,
+    data: Dataset,
+    price: float,
+    backend: str = "engines",
+) -> GenerationEstimate:
+    prompts, prompt_tokens, mean_out = data.num_prompts, data.mean_prompt_tokens, data.mean_output_tokens
     tp = gp.tensor_parallel_size
     engines = num_gpus // tp
     if engines < 1:
         raise UserError(f"plan.num_gpus: {num_gpus} GPUs cannot hold one engine of generate.tensor_parallel_size={tp}")
     w = sizing.target_weight_bytes(t, weight_dtype)
     cap, step, rate = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, mean_out)
-    prefill_per_prompt = sizing.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
-    prefill_s = prompts * prefill_per_prompt / (num_gpus * hw.bf16_tflops * 1e12 * gp.prefill_mfu)
+    peak = hw.matmul_tflops(gp.compute_dtype, "generate.dtype")
+    prefill_per_prompt = (
+        target_counts.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
+    )
+    prefill_s = prompts * prefill_per_prompt / (num_gpus * peak * 1e12 * gp.prefill_mfu)
 
     def wall_h(out_tokens):  # None when the model does not fit (no rate): JSON has no infinity
         _, _, r = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, out_tokens)
         return (wall_seconds(prompts * out_tokens, r) + prefill_s) / 3600 if r > 0 else None
 
     curve = []
-    if cap["fits"]:
-        sizes = sorted({b for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(1, cap["max_seqs_in_cache"])})
-        for b in sorted(set(sizes) | ({cap["batch"]} if cap["batch"] else set())):
-            curve.append(decode_step(t, hw, gp, w["read_per_step"], b, cap["resident_context_tokens"], tp))
-    out = {
-        "engines": engines,
-        "tensor_parallel_size": tp,
-        "weights_gb": w["loaded"] / GB,
-        "weights_read_per_step_gb": w["read_per_step"] / GB,
-        "batch1_bound_tokens_per_s": batch1_tokens_per_s(w["read_per_step"] / tp, hw.bandwidth_tbps * 1e12 * tp),
-        "memory": cap,
-        "decode_curve": curve,
-        "step": step,
-        "model_tokens_per_s": rate,
-        "output_tokens": prompts * mean_out,
-        "prompt_tokens": prompts * prompt_tokens,
-        "prefill_hours": prefill_s / 3600,
-        "model_wall_hours": {"low": wall_h(ds_low), "mid": wall_h(mean_out), "high": wall_h(ds_high)},
-    }
-    out["wall_hours"] = dict(out["model_wall_hours"])
-    out["wall_source"] = "model (output length range from params)"
-    pilot = data.get("pilot")
-    if pilot:
-        measured = number(pilot, ("output_tokens_per_s",))
-        if not measured:
-            raise UserError("pilot.json: missing output_tokens_per_s (needed when a pilot file exists)")
-        pilot_engines = number(pilot, ("num_engines",)) or engines
-        level = sweep_level(pilot, gp.max_num_seqs)
-        if level is not None:  # the sweep measured one engine at the concurrency generate will run at
-            measured, pilot_engines = level["output_tokens_per_s"], 1
-        per_engine_model = rate / engines if engines else 0.0
-        per_engine_measured = measured / pilot_engines
-        calibrated = (out["output_tokens"] / (per_engine_measured * engines)) / 3600
-        model_mid = out["model_wall_hours"]["mid"]
-        out["pilot"] = {
-            "measured_tokens_per_s": measured,
-            "pilot_engines": pilot_engines,
-            "measured_per_engine": per_engine_measured,
-            "model_per_engine": per_engine_model,
-            "measured_over_model": per_engine_measured / per_engine_model if per_engine_model else None,
-            "mean_output_tokens": number(pilot, ("mean_output_tokens",)),
-            "p10_output_tokens": number(pilot, ("p10_output_tokens",)),
-            "p90_output_tokens": number(pilot, ("p90_output_tokens",)),
-            "pilot_estimated_total_hours": number(pilot, ("estimated_total_hours",)),
-            "calibrated_wall_hours": calibrated,
-            "rate_source": f"sweep level max_num_seqs {level['max_num_seqs']} (one engine)"
-            if level
-            else "the pilot run's own rate",
-            "chosen_max_num_seqs": pilot.get("chosen_max_num_seqs"),
-            "sweep_vs_model": [  # per level: measured tok/s of one engine vs the roofline model at that batch
-                {
-                    "max_num_seqs": row["max_num_seqs"],
-                    "measured": row["output_tokens_per_s"],
-                    "model": decode_step(
-                        t,
-                        hw,
-                        gp,
-                        w["read_per_step"],
-                        min(row["max_num_seqs"], cap["max_seqs_in_cache"]),
-                        cap["resident_context_tokens"],
-                        tp,
-                    )["tokens_per_s"]
-                    if cap["fits"] and cap["max_seqs_in_cache"] >= 1
-                    else None,
-                }
-                for row in pilot.get("sweep") or []
-                if isinstance(row, dict) and row.get("output_tokens_per_s")
-            ],
-        }
-        both = [h for h in (model_mid, calibrated) if h is not None]
-        out["wall_hours"] = {"low": min(both), "mid": calibrated, "high": max(both)}
-        out["wall_source"] = "pilot-measured rate per engine x engines (range: model vs measured)"
-    mid = out["wall_hours"]["mid"]
-    out["gpu_hours"] = mid * num_gpus if mid is not None else None
-    out["cost_usd"] = out["gpu_hours"] * price if price > 0 and mid is not None else None
-    return out
+    if cap.fits:
+        sizes = sorted({b for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(1, cap.max_seqs_in_cache)})
+        for b in sorted(set(sizes) | ({cap.batch} if cap.batch else set())):
+            curve.append(decode_step(t, hw, gp, w["read_per_step"], b, cap.resident_context_tokens, tp))
+    model_wall = WallHours(low=wall_h(data.low), mid=wall_h(mean_out), high=wall_h(data.high))
+    est = GenerationEstimate(
+        engines=engines,
+        tensor_parallel_size=tp,
+        weights_gb=w["loaded"] / GB,
+        weights_read_per_step_gb=w["read_per_step"] / GB,
+        batch1_bound_tokens_per_s=batch1_tokens_per_s(w["read_per_step"] / tp, hw.bandwidth_tbps * 1e12 * tp),
+        memory=cap,
+        decode_curve=curve,
+        step=step,
+        model_tokens_per_s=rate,
+        output_tokens=prompts * mean_out,
+        prompt_tokens=prompts * prompt_tokens,
+        prefill_hours=prefill_s / 3600,
+        model_wall_hours=model_wall,
+        wall_hours=model_wall,
+        wall_source="model (output length range from params)",
+        max_num_seqs_source=gp.max_num_seqs_source,
+        compute_tflops=peak,
+    )
+    if data.pilot:
+        pr = pilot_rate(t, hw, gp, data.pilot, backend, est, weight_dtype)
+        est.pilot = pr
+        both = [h for h in (model_wall.mid, pr.calibrated_wall_hours) if h is not None]
+        est.wall_hours = WallHours(low=min(both), mid=pr.calibrated_wall_hours, high=max(both))
+        est.wall_source = "pilot-measured rate per engine x engines (range: model vs measured)"
+    mid = est.wall_hours.mid
+    est.gpu_hours = mid * num_gpus if mid is not None else None
+    est.cost_usd = est.gpu_hours * price if price > 0 and mid is not None else None
+    return est

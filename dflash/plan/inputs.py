@@ -1,92 +1,29 @@
-"""What the plan reads: GPU profiles, the target's config.json, dataset metrics and the generate pilot.
+"""What the plan reads: the hardware profile (dflash/core/hardware.py), the target's config.json, the dataset's
+metrics and the generate pilot, each value with where it came from.
 
 Each value carries where it came from (a file and key, or the param that stood in for it), so the
 report can say it. Files that do not exist yet fall back to `plan.dataset` params; a needed value
-that neither gives is a UserError naming the param. No torch (stdlib + dflash.core's YAML reading; `tokenizers` for the tokenizer
-beside the target's config, when there is one).
+that neither gives is a UserError naming the param. Measurements of another target are set aside, and said so.
+The training pilot and the stages' own reports (what calibration compares with) are read in
+dflash/plan/measured.py. No torch (stdlib + dflash.core's YAML reading; `tokenizers` for the tokenizer beside the
+target's config, when there is one).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dflash.core.errors import ParamsError, UserError
-from dflash.core.loader import read_yaml
+from dflash.core.hardware import GpuProfile, load_hardware, select_gpu
 from dflash.core.target_config import TARGET_JSON, TargetArch, load_target_arch, read_config
 
-# --------------------------------------------------------------------------------------------
-# Hardware profiles
-# --------------------------------------------------------------------------------------------
 
-_PROFILE_KEYS = {
-    "name": str,
-    "memory_gb": float,
-    "bandwidth_tbps": float,
-    "bf16_tflops": float,
-    "interconnect": str,
-    "interconnect_gbps": float,
-    "price_per_gpu_hour": float,
-    "source": str,
-}
-
-
-@dataclass(frozen=True)
-class GpuProfile:
-    key: str  # the profile's name in the hardware file
-    name: str  # marketing name
-    memory_gb: float  # device memory (GB = 1e9 bytes)
-    bandwidth_tbps: float  # peak memory bandwidth (TB/s)
-    bf16_tflops: float  # dense BF16 tensor peak (TFLOP/s)
-    interconnect: str  # GPU-to-GPU link
-    interconnect_gbps: float  # GB/s per direction between two GPUs
-    price_per_gpu_hour: float  # USD; 0 = unknown
-    source: str  # where these numbers come from
-
-
-def load_hardware(path: str | Path) -> dict[str, GpuProfile]:
-    """Read the profiles file strictly: every key present, numbers positive, nothing unknown."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"plan.hardware_file: {path} does not exist")
-    data = read_yaml(path, "GPU profiles file (plan.hardware_file)")  # DVC's YAML reading; ParamsError naming the file
-    profiles = data.get("profiles")
-    if not isinstance(profiles, dict) or not profiles:
-        raise UserError(f"{path}: expected a top-level `profiles:` mapping of name -> profile")
-    out = {}
-    for key, prof in profiles.items():
-        where = f"{path}: profiles.{key}"
-        if not isinstance(prof, dict):
-            raise UserError(f"{where}: expected a mapping")
-        unknown = sorted(set(prof) - set(_PROFILE_KEYS), key=str)
-        if unknown:
-            raise UserError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(_PROFILE_KEYS)})")
-        values = {}
-        for name, tp in _PROFILE_KEYS.items():
-            if name not in prof:
-                raise UserError(f"{where}.{name}: missing key")
-            value = prof[name]
-            if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, tp):
-                raise UserError(f"{where}.{name}: expected {tp.__name__}, got {value!r}")
-            values[name] = value
-        for name in ("memory_gb", "bandwidth_tbps", "bf16_tflops"):
-            if not values[name] > 0:
-                raise UserError(f"{where}.{name}: must be > 0, got {values[name]}")
-        for name in ("interconnect_gbps", "price_per_gpu_hour"):
-            if not values[name] >= 0:
-                raise UserError(f"{where}.{name}: must be >= 0, got {values[name]}")
-        out[key] = GpuProfile(key=key, **values)
-    return out
-
-
-def select_gpu(profiles: dict[str, GpuProfile], name: str, file: str) -> GpuProfile:
-    if name not in profiles:
-        raise UserError(f"plan.hardware: no profile {name!r} in {file} (have: {', '.join(profiles)})")
-    return profiles[name]
+def planned_hardware(plan: Any) -> GpuProfile:
+    """The profile `plan.hardware` names in `plan.hardware_file`."""
+    return select_gpu(load_hardware(plan.hardware_file), plan.hardware, plan.hardware_file)
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,14 +58,35 @@ def number(data: dict | None, keys: tuple[str, ...]) -> float | None:
     return lookup(data, keys)[0]
 
 
-def resolve_paths(plan: Any, base: Any) -> dict[str, Path]:
+@dataclass(frozen=True)
+class PlanPaths:
+    """Every file the plan reads (params `plan.*_json`; "" = the file in `base.reports_dir`)."""
+
+    target_config: Path  # plan.target_config, "" = ${base.target_dir}/config.json
+    audit: Path  # audit.json: prompts, prompt tokens
+    tokenize: Path  # tokenize.json: training samples and tokens
+    pilot: Path  # pilot.json: the generate pilot's measured rate and output lengths
+    train_pilot: Path  # train_pilot.json: the training pilot's step time, memory, MFU
+    generate: Path  # generate.json: the generate stage's own figures (calibration)
+    train: Path  # train.json: the train stage's own figures (calibration)
+
+    @property
+    def pilot_details(self) -> Path:
+        """The generate pilot's details beside its headline (full-run prompt count, p99, concurrency, backend)."""
+        return self.pilot.with_name(self.pilot.stem + "_details.json")
+
+
+def resolve_paths(plan: Any, base: Any) -> PlanPaths:
     reports = Path(base.reports_dir)
-    return {
-        "target_config": Path(plan.target_config or Path(base.target_dir) / "config.json"),
-        "audit": Path(plan.audit_json or reports / "audit.json"),
-        "tokenize": Path(plan.tokenize_json or reports / "tokenize.json"),
-        "pilot": Path(plan.pilot_json or reports / "pilot.json"),
-    }
+    return PlanPaths(
+        target_config=Path(plan.target_config or Path(base.target_dir) / "config.json"),
+        audit=Path(plan.audit_json or reports / "audit.json"),
+        tokenize=Path(plan.tokenize_json or reports / "tokenize.json"),
+        pilot=Path(plan.pilot_json or reports / "pilot.json"),
+        train_pilot=Path(plan.train_pilot_json or reports / "train_pilot.json"),
+        generate=Path(plan.generate_json or reports / "generate.json"),
+        train=Path(plan.train_json or reports / "train.json"),
+    )
 
 
 def load_target(path: Path) -> TargetArch:
@@ -184,7 +142,7 @@ def load_tokenizer_facts(target_config: Path) -> TokenizerFacts | None:
     return TokenizerFacts(folder) if (folder / "tokenizer.json").exists() else None
 
 
-def _same_target(data: dict | None, signature: str, path: Path, ignored: dict[str, str]) -> dict | None:
+def same_target(data: dict | None, signature: str, path: Path, ignored: dict[str, str]) -> dict | None:
     """Measurements taken on another target (e.g. the tiny demo's audit or pilot beside a 27B plan) are set aside."""
     if data is None or not signature or not data.get("target_signature") or data["target_signature"] == signature:
         return data
@@ -192,34 +150,116 @@ def _same_target(data: dict | None, signature: str, path: Path, ignored: dict[st
     return None
 
 
-def dataset_inputs(plan: Any, paths: dict[str, Path], signature: str = "") -> dict[str, Any]:
+@dataclass(frozen=True)
+class GeneratePilot:
+    """The generate pilot (reports/pilot.json, + pilot_details.json when present) as the plan reads it."""
+
+    output_tokens_per_s: float  # the pilot run's aggregate rate (its prompts, its engines, its drain included)
+    num_engines: float | None  # engines the pilot ran (None: the plan's own count)
+    mean_output_tokens: float
+    p10_output_tokens: float | None
+    p90_output_tokens: float | None
+    p99_output_tokens: float | None  # details: the long tail that drains at the end of a run
+    estimated_total_hours: float | None  # the pilot's own extrapolation
+    chosen_max_num_seqs: int | None  # the sweep's knee
+    sweep: list[dict]  # [{"max_num_seqs", "output_tokens_per_s", ...}] one engine each
+    prompts: float | None  # prompts the pilot ran
+    max_num_seqs: int | None  # details: the concurrency the pilot run itself used
+    backend: str | None  # details: engines | servers
+    full_run_prompts: float | None  # details: the prompts (turns) the full run will regenerate
+
+    @classmethod
+    def read(cls, data: dict, details: dict | None, path: Path) -> GeneratePilot:
+        rate, mean = number(data, ("output_tokens_per_s",)), number(data, ("mean_output_tokens",))
+        if not rate:
+            raise UserError(f"{path}: missing output_tokens_per_s (needed when a pilot file exists)")
+        if not mean:
+            raise UserError(f"{path}: missing mean_output_tokens (needed when a pilot file exists)")
+        extra = details or {}
+        sweep = [r for r in data.get("sweep") or [] if isinstance(r, dict) and r.get("output_tokens_per_s")]
+        seqs = extra.get("max_num_seqs")
+        return cls(
+            output_tokens_per_s=rate,
+            num_engines=number(data, ("num_engines",)),
+            mean_output_tokens=mean,
+            p10_output_tokens=number(data, ("p10_output_tokens",)),
+            p90_output_tokens=number(data, ("p90_output_tokens",)),
+            p99_output_tokens=number(extra, ("p99_output_tokens",)),
+            estimated_total_hours=number(data, ("estimated_total_hours",)),
+            chosen_max_num_seqs=data.get("chosen_max_num_seqs"),
+            sweep=sweep,
+            prompts=number(data, ("pilot_prompts",)),
+            max_num_seqs=seqs if isinstance(seqs, int) and not isinstance(seqs, bool) else None,
+            backend=extra.get("backend") if isinstance(extra.get("backend"), str) else None,
+            full_run_prompts=number(extra, ("full_run_prompts",)),
+        )
+
+
+@dataclass
+class Dataset:
+    """The dataset the plan prices, each value with its source."""
+
+    num_prompts: float  # prompts (turns) to regenerate
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    low: float  # low end of the mean output length (the estimate's range)
+    high: float
+    train_samples: float  # training documents
+    seq_tokens: float  # tokens per training document
+    loss_tokens: float  # supervised tokens per training document
+    sources: dict[str, str] = field(default_factory=dict)  # value -> the file and key or the param it came from
+    ignored: dict[str, str] = field(default_factory=dict)  # measurement file -> why it was set aside
+    audit_found: bool = False
+    tokenize_found: bool = False
+    pilot: GeneratePilot | None = None
+
+    def as_json(self) -> dict:
+        keys = ("num_prompts", "mean_prompt_tokens", "mean_output_tokens", "low", "high", "train_samples")
+        return {k: getattr(self, k) for k in (*keys, "seq_tokens", "loss_tokens")}
+
+
+def dataset_inputs(plan: Any, paths: PlanPaths, signature: str = "", measured: bool = True) -> Dataset:
     """Dataset size and lengths, each with the file or param it came from. `signature` names the planned
-    target (TargetArch.signature); audit, pilot and tokenize metrics of another target are ignored, and said so."""
+    target (TargetArch.signature); audit, pilot and tokenize metrics of another target are ignored, and said so.
+    measured=False reads no file: the params alone (what a plan says before any measurement)."""
     ds = plan.dataset
     ignored: dict[str, str] = {}
-    audit = _same_target(_read_optional(paths["audit"]), signature, paths["audit"], ignored)
-    tok = _same_target(_read_optional(paths["tokenize"]), signature, paths["tokenize"], ignored)
-    pilot = _same_target(_read_optional(paths["pilot"]), signature, paths["pilot"], ignored)
-    out: dict[str, Any] = {"audit": audit is not None, "tokenize": tok is not None, "pilot": pilot, "ignored": ignored}
-    src: dict[str, str] = {}
 
-    # each value: (measured value or None, the file and key it came from, the param standing in for it)
+    def read(path: Path) -> dict | None:
+        return same_target(_read_optional(path), signature, path, ignored) if measured else None
+
+    audit, tok, raw_pilot = read(paths.audit), read(paths.tokenize), read(paths.pilot)
+    pilot = None
+    if raw_pilot is not None:
+        details = same_target(_read_optional(paths.pilot_details), signature, paths.pilot_details, {})
+        pilot = GeneratePilot.read(raw_pilot, details, paths.pilot)
+    src: dict[str, str] = {}
+    values: dict[str, float] = {}
+
+    # each value: (measured value and the key that held it, the file, the param standing in for it)
+    turns = (pilot.full_run_prompts, "full_run_prompts (turns to regenerate)") if pilot else (None, "")
     found = {
-        "num_prompts": (lookup(audit, ("num_conversations",)), paths["audit"], ds.num_prompts),
+        "num_prompts": (
+            turns if turns[0] else lookup(audit, ("num_conversations",)),
+            paths.pilot_details if turns[0] else paths.audit,
+            ds.num_prompts,
+        ),
         "mean_prompt_tokens": (
             lookup(audit, ("mean_prompt_tokens", "prompt_tokens_mean", "prompt_tokens.mean")),
-            paths["audit"],
+            paths.audit,
             ds.mean_prompt_tokens,
         ),
-        "mean_output_tokens": (lookup(pilot, ("mean_output_tokens",)), paths["pilot"], ds.mean_output_tokens),
+        "mean_output_tokens": (
+            (pilot.mean_output_tokens if pilot else None, "mean_output_tokens"),
+            paths.pilot,
+            ds.mean_output_tokens,
+        ),
     }
-    if pilot is not None and found["mean_output_tokens"][0][0] is None:
-        raise UserError(f"{paths['pilot']}: missing mean_output_tokens (needed when a pilot file exists)")
     for key, ((value, used), file, fallback) in found.items():
         if value is not None:
-            out[key], src[key] = value, f"{file} {used}"
+            values[key], src[key] = value, f"{file} {used}"
         elif fallback > 0:
-            out[key], src[key] = fallback, f"param plan.dataset.{key}"
+            values[key], src[key] = fallback, f"param plan.dataset.{key}"
         else:
             raise UserError(f"plan.dataset.{key}: must be > 0 while {file} does not provide it (got {fallback})")
     if not (0 < ds.output_tokens_low <= ds.mean_output_tokens <= ds.output_tokens_high):
@@ -227,6 +267,9 @@ def dataset_inputs(plan: Any, paths: dict[str, Path], signature: str = "") -> di
             "plan.dataset.output_tokens_low / output_tokens_high: need 0 < low <= mean_output_tokens <= high, got "
             f"{ds.output_tokens_low} / {ds.mean_output_tokens} / {ds.output_tokens_high}"
         )
+    low, high = ds.output_tokens_low, ds.output_tokens_high
+    if pilot:  # the measured mean replaces the assumed one; keep the range around it
+        low, high = min(low, pilot.mean_output_tokens), max(high, pilot.mean_output_tokens)
 
     # Training data: measured token totals when tokenize ran, else prompt + output per prompt.
     # The training split only (tokenize.json also counts the held-out eval split in num_samples).
@@ -234,18 +277,27 @@ def dataset_inputs(plan: Any, paths: dict[str, Path], signature: str = "") -> di
     total = number(tok, ("train_tokens", "total_tokens")) if tok else None
     loss = number(tok, ("train_loss_tokens", "loss_tokens")) if tok else None
     if samples and total and loss:
-        out.update(train_samples=samples, seq_tokens=total / samples, loss_tokens=loss / samples)
-        src.update({k: f"{paths['tokenize']}" for k in ("train_samples", "seq_tokens", "loss_tokens")})
+        train = {"train_samples": samples, "seq_tokens": total / samples, "loss_tokens": loss / samples}
+        src.update({k: f"{paths.tokenize}" for k in train})
     else:
-        out.update(
-            train_samples=out["num_prompts"],
-            seq_tokens=out["mean_prompt_tokens"] + out["mean_output_tokens"],
-            loss_tokens=out["mean_output_tokens"],
-        )
+        train = {
+            "train_samples": values["num_prompts"],
+            "seq_tokens": values["mean_prompt_tokens"] + values["mean_output_tokens"],
+            "loss_tokens": values["mean_output_tokens"],
+        }
         src.update(
             train_samples=src["num_prompts"],
             seq_tokens="mean_prompt_tokens + mean_output_tokens",
             loss_tokens="mean_output_tokens",
         )
-    out["sources"] = src
-    return out
+    return Dataset(
+        **values,
+        low=low,
+        high=high,
+        **train,
+        sources=src,
+        ignored=ignored,
+        audit_found=audit is not None,
+        tokenize_found=tok is not None,
+        pilot=pilot,
+    )

@@ -1,111 +1,86 @@
 """Training estimate: FLOPs per sequence of online DFlash training and per-GPU memory for three device
 layouts (one GPU, split target / drafter GPUs, data parallel), each with a fits / does-not-fit verdict.
 
-FLOPs: the target forward up to the deepest feature layer (every layer when the loss learns the target's own
-predictions, `train.loss_target: target_argmax | target_kl`, plus the target's lm_head forward on the drafted
-slots), the drafter's forward + backward with KV injection and its attention, the frozen lm_head on every
-drafted slot, at an MFU. Memory: the target_* losses add the final hidden states and the target's logits chunk
-beside the drafter's (KL: its log-probabilities and probabilities too).
+FLOPs (dflash/drafter/flops.py, the count the training pilot's MFU uses too): the target forward up to the deepest
+feature layer (every layer when the loss learns the target's own predictions, `train.loss_target: target_argmax |
+target_kl`, plus the target's lm_head forward on the drafted slots), the drafter's forward + backward with KV
+injection and its attention, the frozen lm_head on every drafted slot; time = FLOPs / (matmul peak x MFU), with one
+more drafter-layer forward under `train.activation_checkpointing` (the recompute). Memory: the target_* losses add
+the final hidden states and the target's logits chunk beside the drafter's (KL: its log-probabilities and
+probabilities too); activation checkpointing keeps each drafter layer's input and one layer's activations at a time.
+
+With a training pilot measured on the planned hardware (dflash/plan/measured.py), its per-sample target and drafter
+seconds replace FLOPs / (peak x MFU) in the same layout formulas (the time scales to the planned GPU count and
+layout by the model's rules), the MFU it implies is shown beside the assumed one, and its peak memory at the worst
+rows gives a measured memory verdict beside the model's.
 """
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
-from typing import Any
+from dataclasses import dataclass, field
 
+from dflash.core import target_counts
 from dflash.core.errors import ParamsError, UserError
-from dflash.core.loader import as_dict
-from dflash.drafter.geometry import kind_cost, parameter_counts
+from dflash.core.hardware import GpuProfile
+from dflash.drafter.flops import DocumentWork, document_flops
+from dflash.drafter.geometry import DrafterConfig, kind_cost, parameter_counts
 from dflash.plan import sizing
+from dflash.plan.inputs import Dataset
+from dflash.plan.measured import TrainPilot
+from dflash.plan.settings import TrainSettings
 
 GB = 1e9
-
-
-# --------------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------------
-
-
-TRAIN_KEYS = ("max_length", "num_anchors", "epochs", "batch_size", "grad_accum_steps", "loss_target")
 # bytes per vocabulary entry of one logits chunk, by loss target (dflash/train/loss.py): tokens = bf16 logits +
 # fp32 log-softmax + fp32 gradient; target_argmax adds the target's fp32 logits; target_kl also its
 # log-probabilities, probabilities and the KL's product term.
 LOGITS_BYTES = {"tokens": 10, "target_argmax": 14, "target_kl": 22}
 
 
-def train_inputs(params: Any) -> SimpleNamespace:
-    """The plan's training knobs: plan.train_assumptions plus max_length, num_anchors, epochs, batch_size and
-    grad_accum_steps from the `train` section, so the plan estimates the run the train stage will do. The train
-    stage packs several documents into a row of train.max_tokens_per_row tokens; the plan counts sequences."""
-    return SimpleNamespace(
-        **as_dict(params.plan.train_assumptions), **{k: getattr(params.train, k) for k in TRAIN_KEYS}
-    )
-
-
-def training_flops_per_sequence(t, d, seq_tokens, loss_tokens, ta) -> dict[str, float]:
-    """FLOPs to train on one sequence: target forward, drafter forward + backward, frozen lm_head on drafted slots."""
+def training_flops_per_sequence(t, d: DrafterConfig, seq_tokens, loss_tokens, ta, vocab_rows=None) -> dict[str, float]:
+    """FLOPs to train on one mean sequence (dflash/drafter/flops.py counts them): target forward, drafter forward +
+    backward, frozen lm_head on drafted slots (`vocab_rows` of it: the rows the loss computes, all by default)."""
     s = min(seq_tokens, ta.max_length)
     anchors = max(0.0, min(ta.num_anchors, loss_tokens - 1, s - 1))
-    nb = anchors * d.query_slots
-    p, extra = parameter_counts(d), kind_cost(d)  # extra: the drafter.kind's heads / convs / selector
-    q_dim, h = d.num_attention_heads * d.head_dim, d.hidden_size
     # anchors sit in the response (the sequence's tail): mean visible context ~ everything before the response
     # plus half of it; sliding layers see at most their window.
     mean_ctx = max(1.0, s - min(loss_tokens, s) / 2)
-    attn = 0.0
-    for kind in d.layer_types:
-        ctx = min(mean_ctx, d.sliding_window) if kind == "sliding_attention" else mean_ctx
-        in_block = (d.block_size + 1) / 2 if kind == "sliding_attention" else d.block_size  # causal vs bidirectional
-        attn += 12.0 * nb * (ctx + in_block) * q_dim  # QK^T + AV, forward (4) + backward (8)
-    own = getattr(ta, "loss_target", "tokens") != "tokens" or extra.target_logits  # the target's own predictions
-    parts = {
-        "target_forward": sizing.prefill_flops(
-            t, s, layers=None if own else d.deepest_target_layer + 1, with_head=False
-        ),
-        # the target's logits only at the drafted slots' rows (its lm_head forward: 2VH per slot)
-        "target_lm_head": 2.0 * t.vocab_size * t.hidden_size * anchors * (d.block_size - 1) if own else 0.0,
-        "drafter_q_o_mlp": 6.0 * (p["attn_q_o"] + p["mlp"] + p["norms"]) * nb,
-        "drafter_kv_projection": 6.0 * p["attn_kv"] * (s + nb),  # context features AND block tokens (KV injection)
-        "drafter_fc": 6.0 * p["fc"] * s,
-        "drafter_attention": attn,
-        "drafter_kind_extra": 3.0 * extra.flops_per_slot * nb,  # forward + backward of the kind's additions
-        # frozen lm_head on drafted slots: logits forward (2VH) + gradient w.r.t. its input (2VH); no weight grad
-        "lm_head": 4.0 * t.vocab_size * h * anchors * (d.block_size - 1),
-    }
-    parts["total"] = sum(parts.values())
-    parts["simple_6PN"] = 6.0 * p["total"] * nb  # the rule of thumb, for comparison
+    loss_target = getattr(ta, "loss_target", "tokens")
+    work = DocumentWork(tokens=s, anchors=anchors, mean_context=mean_ctx, vocab_rows=vocab_rows)
+    parts = document_flops(t, d, work, loss_target)
     parts["seq_tokens"] = s
     parts["anchors"] = anchors
-    parts["block_tokens"] = nb
-    parts["loss_target"] = getattr(ta, "loss_target", "tokens")
+    parts["block_tokens"] = anchors * d.query_slots
+    parts["loss_target"] = loss_target
     return parts
 
 
-def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, float]:
+def training_memory(t, d: DrafterConfig, ta: TrainSettings, weight_dtype, seq_tokens, anchors) -> dict[str, float]:
     """Per-GPU memory parts (bytes) of online training; combined per layout by training_estimate."""
     s = min(seq_tokens, ta.max_length)
     nb = anchors * d.query_slots
     b = ta.batch_size
+    e = 2 if ta.compute_dtype == "bf16" else 4  # bytes of an activation
     h, f = d.hidden_size, d.intermediate_size
     q, kv = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
     p = parameter_counts(d)["total"]
     w = sizing.target_weight_bytes(t, weight_dtype)
-    tp = sizing.target_params(t)
+    tp = target_counts.target_params(t)
     # Saved per block token per drafter layer: input, norm, q, k, v, attention out, o_proj out, post-norm,
-    # gate, up, activation (bf16). Context K/V per layer (pre- and post-norm/RoPE). Logits of one chunk:
-    # LOGITS_BYTES per vocab entry.
-    per_token_layer = 2 * (4 * h + 2 * q + 2 * kv + 3 * f)
-    act = d.num_hidden_layers * nb * per_token_layer + d.num_hidden_layers * s * 2 * kv * 2 * 2 + s * h * 2 * 2
-    loss_target = getattr(ta, "loss_target", "tokens")
-    if kind_cost(d).target_logits:  # dspark / dflash2 hold the target's logits beside the drafter's (as KL does)
-        loss_target = "target_kl"
+    # gate, up, activation. Context K/V per layer (pre- and post-norm/RoPE; computed outside the layer, so kept
+    # under activation checkpointing too). Logits of one chunk: LOGITS_BYTES per vocab entry.
+    per_token_layer = e * (4 * h + 2 * q + 2 * kv + 3 * f)
+    layers = d.num_hidden_layers
+    saved = layers * nb * e * h + nb * per_token_layer if ta.activation_checkpointing else layers * nb * per_token_layer
+    act = saved + layers * s * 2 * kv * 2 * e + s * h * 2 * e
+    # dspark / dflash2 hold the target's logits beside the drafter's, as the KL loss target does
+    loss_target = "target_kl" if kind_cost(d).target_logits else ta.loss_target
     logits = min(anchors, ta.logits_chunk_blocks) * d.block_size * t.vocab_size * LOGITS_BYTES[loss_target]
-    final = b * s * t.hidden_size * 2 if loss_target != "tokens" else 0  # the target's final hidden states
+    final = b * s * t.hidden_size * e if loss_target != "tokens" else 0  # the target's final hidden states
     return {
         "target_weights": w["loaded"],
-        "target_activations": b * s * (4 * t.hidden_size + 3 * t.intermediate_size) * 2,  # one layer's temporaries
-        "features": b * s * d.num_target_features * h * 2 + final,  # K concatenated hidden states (bf16)
+        "target_activations": b * s * (4 * t.hidden_size + 3 * t.intermediate_size) * e,  # one layer's temporaries
+        "features": b * s * d.num_target_features * h * e + final,  # K concatenated hidden states
         "embed_and_head": (tp["embed_tokens"] + (tp["lm_head"] or 0)) * 2,  # drafter-side copy in the split layout
         "drafter_weights": p * 2,
         "drafter_states": p * (ta.state_bytes_per_param - 2),  # grads + fp32 master + AdamW moments
@@ -114,46 +89,159 @@ def training_memory(t, d, ta, weight_dtype, seq_tokens, anchors) -> dict[str, fl
     }
 
 
-def training_at(t, d, hw, ta, weight_dtype, num_gpus, data, planned_gpus) -> dict:
+@dataclass(frozen=True)
+class MemoryVerdict:
+    parts_gb: dict[str, float]
+    need_gb: float
+    margin_gb: float
+
+
+@dataclass
+class Layout:
+    """One device layout on `gpus` GPUs: memory per GPU role and time."""
+
+    gpus: int
+    per_gpu: dict[str, MemoryVerdict]
+    fits: bool
+    margin_gb: float
+    steps_per_epoch: int
+    step_s: float
+    epoch_hours: float
+    total_hours: float
+    gpu_hours: float
+    target_gpus: int | None = None  # split: GPUs holding the target
+    feature_transfer_ms_per_seq: float | None = None  # split: features copied to the drafter's GPU
+
+
+@dataclass(frozen=True)
+class PilotView:
+    """The training pilot beside the model (module docstring)."""
+
+    path: str
+    device: str
+    layout: str  # the layout the pilot ran
+    world_size: int
+    step_seconds: float
+    seconds_per_sample: float  # per process: the pilot's epoch (its packed rows x its step time) / the plan's samples
+    model_seconds_per_sample: float  # the model's, on one GPU at the assumed MFU
+    implied_mfu: float | None  # the planner's FLOPs per sample / measured seconds / matmul peak
+    assumed_mfu: float
+    measured_mfu: float | None  # the pilot's own (the documents it really fed)
+    peak_memory_gb: float  # at its worst rows
+    peak_phase: str | None
+    device_memory_gb: float
+    memory_margin_gb: float
+    memory_fits: bool
+    worst_step_seconds: float | None
+
+
+@dataclass
+class TrainingEstimate:
+    flops_per_sequence: dict[str, float]
+    seconds_per_sequence_one_gpu: float
+    target_seconds_per_sequence: float
+    drafter_seconds_per_sequence: float
+    memory_parts_gb: dict[str, float]
+    layouts: dict[str, Layout]
+    layout: str
+    headline: Layout
+    source: str  # model | pilot: where the seconds per sequence came from
+    compute_tflops: float  # the matmul peak of the compute dtype
+    model_seconds_per_sequence: float  # FLOPs / (peak x MFU), also when the pilot replaced it
+    pilot: PilotView | None = None
+    num_gpus: int = 0
+    cost_usd: float | None = None
+    recompute_flops: float = 0.0  # activation checkpointing: the drafter layers' forward again
+    notes: list[str] = field(default_factory=list)
+
+
+def training_at(t, d, hw, ta: TrainSettings, weight_dtype, num_gpus, data: Dataset, planned_gpus, pilot=None):
     """training_estimate on `num_gpus` GPUs with the planned layout scaled to them: the split keeps the planned
     share of target GPUs (split_target_gpus of `planned_gpus`, at least one of each kind); one GPU is `single`."""
     if num_gpus < 2:
-        return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, None, "auto")
+        return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, None, "auto", pilot)
     n_t = min(num_gpus - 1, max(1, round(num_gpus * ta.split_target_gpus / planned_gpus)))
-    return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, n_t, ta.layout)
+    return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, n_t, ta.layout, pilot)
 
 
-def training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, split_target_gpus=None, layout=None) -> dict:
+def pilot_view(pilot: TrainPilot, flops_total: float, peak_tflops: float, ta: TrainSettings, model_s, per_sample):
+    device_gb = pilot.device_memory_gb or 0.0
+    return PilotView(
+        path=pilot.path,
+        device=pilot.device,
+        layout=pilot.layout,
+        world_size=pilot.world_size,
+        step_seconds=pilot.step_seconds,
+        seconds_per_sample=per_sample,
+        model_seconds_per_sample=model_s,
+        implied_mfu=flops_total / per_sample / (peak_tflops * 1e12) if per_sample else None,
+        assumed_mfu=ta.mfu,
+        measured_mfu=pilot.mfu,
+        peak_memory_gb=pilot.peak_memory_gb,
+        peak_phase=pilot.peak_phase,
+        device_memory_gb=device_gb,
+        memory_margin_gb=device_gb - pilot.peak_memory_gb,
+        memory_fits=device_gb >= pilot.peak_memory_gb,
+        worst_step_seconds=pilot.worst_step_seconds,
+    )
+
+
+def training_estimate(
+    t,
+    d: DrafterConfig,
+    hw: GpuProfile,
+    ta: TrainSettings,
+    weight_dtype: str,
+    num_gpus: int,
+    data: Dataset,
+    split_target_gpus: int | None = None,
+    layout: str | None = None,
+    pilot: TrainPilot | None = None,
+) -> TrainingEstimate:
     """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
-    plan.train_assumptions.layout; "auto" = the fastest layout that fits)."""
-    flops = training_flops_per_sequence(t, d, data["seq_tokens"], data["loss_tokens"], ta)
-    mem = training_memory(t, d, ta, weight_dtype, data["seq_tokens"], flops["anchors"])
-    rate = hw.bf16_tflops * 1e12 * ta.mfu
+    plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
+    replaces the model's seconds per sequence."""
+    # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
+    rows = pilot.lm_head_rows if pilot is not None else None
+    flops = training_flops_per_sequence(t, d, data.seq_tokens, data.loss_tokens, ta, rows)
+    mem = training_memory(t, d, ta, weight_dtype, data.seq_tokens, flops["anchors"])
+    peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
+    rate = peak * 1e12 * ta.mfu
+    recompute = (flops["drafter_q_o_mlp"] + flops["drafter_attention"]) / 3 if ta.activation_checkpointing else 0.0
     target_s = flops["target_forward"] / rate
-    drafter_s = (flops["total"] - flops["target_forward"]) / rate
-    samples = data["train_samples"]
+    drafter_s = (flops["total"] - flops["target_forward"] + recompute) / rate
+    model_s = target_s + drafter_s
+    view, source = None, "model"
+    if pilot is not None and pilot.ran_on(hw):
+        # the pilot ran on the data the plan prices: its epoch of packed rows at its step time, per planned sample
+        per_sample = pilot.epoch_seconds_one_process() / data.train_samples
+        view = pilot_view(pilot, flops["total"], peak, ta, model_s, per_sample)
+        target_s, drafter_s = per_sample * pilot.target_share, per_sample * (1 - pilot.target_share)
+        source = "pilot"
+    samples = data.train_samples
     seqs_per_gpu_step = ta.batch_size * ta.grad_accum_steps
-    layouts = {}
+    layouts: dict[str, Layout] = {}
 
-    def verdict(parts: dict[str, float]) -> dict:
+    def verdict(parts: dict[str, float]) -> MemoryVerdict:
         need = sum(parts.values()) / GB
-        return {"parts_gb": {k: v / GB for k, v in parts.items()}, "need_gb": need, "margin_gb": hw.memory_gb - need}
+        return MemoryVerdict({k: v / GB for k, v in parts.items()}, need, hw.memory_gb - need)
 
-    def add(name, gpus, per_gpu: dict[str, dict], seq_per_s, ranks):
+    def add(name, gpus, per_gpu: dict[str, dict], seq_per_s, ranks) -> Layout:
         checks = {role: verdict(parts) for role, parts in per_gpu.items()}
         epoch_s = samples / seq_per_s
         steps = math.ceil(samples / (seqs_per_gpu_step * ranks))
-        layouts[name] = {
-            "gpus": gpus,
-            "per_gpu": checks,
-            "fits": all(c["margin_gb"] >= 0 for c in checks.values()),
-            "margin_gb": min(c["margin_gb"] for c in checks.values()),
-            "steps_per_epoch": steps,
-            "step_s": epoch_s / steps,
-            "epoch_hours": epoch_s / 3600,
-            "total_hours": ta.epochs * epoch_s / 3600,
-            "gpu_hours": ta.epochs * epoch_s / 3600 * gpus,
-        }
+        layouts[name] = Layout(
+            gpus=gpus,
+            per_gpu=checks,
+            fits=all(c.margin_gb >= 0 for c in checks.values()),
+            margin_gb=min(c.margin_gb for c in checks.values()),
+            steps_per_epoch=steps,
+            step_s=epoch_s / steps,
+            epoch_hours=epoch_s / 3600,
+            total_hours=ta.epochs * epoch_s / 3600,
+            gpu_hours=ta.epochs * epoch_s / 3600 * gpus,
+        )
+        return layouts[name]
 
     both = {k: mem[k] for k in ("target_weights", "target_activations", "features", "drafter_weights")}
     tail = {"drafter_activations": mem["drafter_activations"], "reserve": mem["reserve"]}
@@ -176,30 +264,35 @@ def training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, split_target_g
             **tail,
         }
         # target and drafter GPUs work as a pipeline: the slower side sets the rate
-        add(
+        split = add(
             "split",
             num_gpus,
             {"target_gpu": target_gpu, "drafter_gpu": drafter_gpu},
             min(n_t / target_s, n_d / drafter_s),
             n_d,
         )
-        layouts["split"]["target_gpus"] = n_t
-        layouts["split"]["feature_transfer_ms_per_seq"] = (
+        split.target_gpus = n_t
+        split.feature_transfer_ms_per_seq = (
             mem["features"] / ta.batch_size / (hw.interconnect_gbps * GB) * 1e3 if hw.interconnect_gbps > 0 else None
         )
     choice = layout or ta.layout
     if choice == "auto":
-        fitting = [k for k, v in layouts.items() if v["fits"]]
-        choice = min(fitting, key=lambda k: layouts[k]["total_hours"]) if fitting else "single"
+        fitting = [k for k, v in layouts.items() if v.fits]
+        choice = min(fitting, key=lambda k: layouts[k].total_hours) if fitting else "single"
     elif choice not in layouts:
         raise UserError(f"plan.train_assumptions.layout: {choice!r} needs at least 2 GPUs (plan has {num_gpus})")
-    return {
-        "flops_per_sequence": flops,
-        "seconds_per_sequence_one_gpu": target_s + drafter_s,
-        "target_seconds_per_sequence": target_s,
-        "drafter_seconds_per_sequence": drafter_s,
-        "memory_parts_gb": {k: v / GB for k, v in mem.items()},
-        "layouts": layouts,
-        "layout": choice,
-        "headline": layouts[choice],
-    }
+    return TrainingEstimate(
+        flops_per_sequence=flops,
+        seconds_per_sequence_one_gpu=target_s + drafter_s,
+        target_seconds_per_sequence=target_s,
+        drafter_seconds_per_sequence=drafter_s,
+        memory_parts_gb={k: v / GB for k, v in mem.items()},
+        layouts=layouts,
+        layout=choice,
+        headline=layouts[choice],
+        source=source,
+        compute_tflops=peak,
+        model_seconds_per_sequence=model_s,
+        pilot=view,
+        recompute_flops=recompute,
+    )

@@ -12,6 +12,8 @@
   parallel.py     the drafter's wrapper (train.parallel: ddp | fsdp = FSDP2), full checkpoint state, export copy
   loop.py         the training loop: devices, DDP, schedule, exact resume, export
   log.py          dvclive metrics / plots and the progress bar
+  pilot.py        the training pilot: measured steps on the worst and ordinary rows before the long run
+  probes.py       what the pilot measures around the trainer: peak memory, timed features and their norms, kernels
 
 May import: dflash.core, dflash.drafter.
 """

@@ -84,6 +84,7 @@ OPERATIONAL = (
     "export_dtype",
     "target_batch_tokens",
     "compile",
+    "activation_checkpointing",  # recomputes the same layers in backward: the same maths, less memory
     "target_device",
     "drafter_device",
     "gpus_per_process",
@@ -91,6 +92,8 @@ OPERATIONAL = (
     "grad_accum_steps",
     "parallel",  # ddp | fsdp: the same maths (float summation order aside); a run resumes across modes
     "global_batch",  # these three enter the hash only as rows_per_step (the global batch)
+    "pilot_warmup_steps",  # the pilot's (dflash/train/pilot.py), not the run's
+    "pilot_steps",
 )
 HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/train_details.json)
     "completed",
@@ -209,6 +212,7 @@ class Trainer:
             self.loss_head = explicit_rows(self.head, supervised_tokens(self.index.paths, self.cfg.vocab_size))
             if not zero_rows_tied(self.loss_head, self.model.markov_head.markov_w2.weight):
                 raise RuntimeError("DSpark markov_w2: the W2 rows of the zero lm_head rows differ (the loss ties them)")
+        self.model.activation_checkpointing = tp.activation_checkpointing
         module = parallel.wrap_drafter(self.model, tp.parallel, self.device, self.world, self.dtype)  # ddp | fsdp
         self.ddp = module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else None
         self.forward = torch.compile(module, dynamic=True) if tp.compile else module

@@ -23,12 +23,12 @@ def test_smoke_on_cpu_skips_cuda_steps_and_writes_figures(tmp_path):
     assert (tmp_path / "summary.txt").read_text().strip() == summary.strip().split("\n\n")[0].strip()
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["cuda"] is False and set(result["steps"]) == set(GPU_CHECK_STEPS) - {"setup"}
-    for name in ("tests", "flex", "mfu", "fla", "serve"):
+    for name in ("tests", "flex", "mfu", "fla", "serve", "pilot"):
         step = result["steps"][name]
         assert step["status"] == "SKIP", (name, step)
         assert f"{name:<5}  SKIP" in lines[name]
     assert "needs a CUDA device" in result["steps"]["tests"]["line"]  # pytest ran: every gpu test skipped
-    for name in ("flex", "mfu", "fla", "serve"):  # the CPU smoke of each Python piece ran and left its figures
+    for name in ("flex", "mfu", "fla", "serve", "pilot"):  # the CPU smoke of each Python piece ran and left its figures
         assert result["steps"][name]["line"].startswith("no CUDA device; cpu smoke ok"), result["steps"][name]
     flex = result["steps"]["flex"]["figures"]
     assert flex["backends"]["sdpa"]["step_ms"] > 0 and "flex" in flex["backends"]
@@ -37,6 +37,9 @@ def test_smoke_on_cpu_skips_cuda_steps_and_writes_figures(tmp_path):
     serve = result["steps"]["serve"]["figures"]  # every kind trained, exported and decoded by the reference
     assert set(serve["kinds"]) == {"dspark", "dflash2"} and serve["served"] is False
     assert all(r["reference_equals_greedy"] and r["reference"]["num_drafts"] > 0 for r in serve["kinds"].values())
+    pilot = result["steps"]["pilot"]["figures"]  # the training pilot ran its three phases on the tiny hybrid target
+    assert pilot["verdict"] == "ok" and pilot["step_seconds"] > 0 and pilot["peak_memory_gb"] > 0
+    assert pilot["linear_attention"]["fused"] is False and pilot["target"]["layers"] == 6
 
 
 @pytest.mark.slow

@@ -62,15 +62,16 @@ TINY = [
 NUM_CONVERSATIONS = 16
 
 # name: (override, stages `dvc status` names, stages `dvc repro` runs). A training knob reruns training and
-# what reads its drafter (eval), never generation; a sampling param reruns generation and everything after
-# it (the plan reads the pilot and tokenize metrics), never audit or the target. The report stage reads every
-# stage's outputs, so it reruns after any of them.
+# what reads its drafter (eval) or its metrics (the plan's calibration), never generation nor the training pilot
+# (the learning rate shapes no step time); a sampling param reruns generation and everything after it (the plan
+# reads the pilot, tokenize, train pilot and stage metrics), never audit or the target. The report stage reads
+# every stage's outputs, so it reruns after any of them.
 PARTIAL_RERUNS = {
-    "train_param": ("train.lr=1.0e-3", {"train"}, {"train", "eval", "report"}),
+    "train_param": ("train.lr=1.0e-3", {"train"}, {"train", "eval", "plan", "report"}),
     "sampling_param": (
         "generate.sampling.max_tokens=12",
         {"pilot", "generate"},
-        {"pilot", "generate", "plan", "tokenize", "train", "eval", "report"},
+        {"pilot", "generate", "plan", "tokenize", "train_pilot", "train", "eval", "report"},
     ),
 }
 

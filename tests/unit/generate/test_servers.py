@@ -325,7 +325,8 @@ def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root
     write_json(reports / "pilot.json", pilot)
     overrides = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
     p = repo_params(overrides, ["params/gpu-qwen3.6-27b.yaml"])
-    assert estimate.make_plan(p)["generation"]["memory"]["batch"] == 128  # another target's knee is ignored
+    # another target's knee is ignored: the largest sweep level, as before any sweep
+    assert estimate.make_plan(p)["generation"]["memory"]["batch"] == max(p.generate.pilot_sweep)
     overlay_sig = target_signature("params/targets/qwen3.6-27b.config.json")
     write_json(reports / "pilot.json", pilot | {"target_signature": overlay_sig})
     result = estimate.make_plan(p)

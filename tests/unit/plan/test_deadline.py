@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -177,7 +178,8 @@ def test_slower_steps_flags_every_rise():
         {"gpus": 4, "total_hours": 3.0, "train_hours": 2.0, "allreduce_s": 0.1, "link_gbps": 64},
         {"gpus": 8, "total_hours": 4.0, "train_hours": 3.0, "allreduce_s": 9.0, "link_gbps": 1},
     ]
-    assert [(s["from_gpus"], s["to_gpus"]) for s in plan_deadline.slower_steps(rows)] == [(4, 8)]
+    rows = [SimpleNamespace(**r) for r in rows]  # the attributes slower_steps reads of a SizeRow
+    assert [(s.from_gpus, s.to_gpus) for s in plan_deadline.slower_steps(rows)] == [(4, 8)]
 
 
 def test_unreachable_deadline_says_so_with_the_best_hours(tmp_path):

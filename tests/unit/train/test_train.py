@@ -356,7 +356,7 @@ def test_stage_writes_metrics_and_reports_bad_params_without_a_traceback(tmp_pat
     def stage_run(*extra):
         argv = [a for o in train_overrides(train_target, tmp_path / "out", *common, *extra) for a in ("-S", o)]
         try:
-            cli.run(stage.main, "train", argv)
+            cli.run(stage.main, "train", argv, add_args=stage.add_args)
         except SystemExit as exc:
             return exc.code, capsys.readouterr().err
         return 0, capsys.readouterr().err

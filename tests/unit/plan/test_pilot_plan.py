@@ -1,0 +1,235 @@
+"""The plan reads the pilots and holds itself against what ran: the training ETA from the training pilot when one
+was measured on the planned hardware (the model otherwise), calibration against the stages' own reports, the
+generate pilot's drain, and the published runs.
+
+Everything is planned for Qwen3.6-27B (params/gpu-qwen3.6-27b.yaml, no download); the measurement files are written
+here with that target's signature, as the real stages would write them on an RTX PRO 6000 host.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dflash.core.loader import load_params
+from dflash.core.target_config import target_signature
+from dflash.plan import estimate, report
+from dflash.plan.generation import drained_seconds, steady_rate
+from dflash.plan.published import check_runs
+
+OVERLAY = "params/gpu-qwen3.6-27b.yaml"
+SIGNATURE = target_signature("params/targets/qwen3.6-27b.config.json")
+RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(repo_root, monkeypatch):
+    monkeypatch.chdir(repo_root)
+
+
+def _params(reports: Path, *overrides: str):
+    isolate = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
+    return load_params("params.yaml", [*isolate, *overrides], [OVERLAY])
+
+
+def _write(reports: Path, name: str, headline: dict, details: dict | None = None) -> None:
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / f"{name}.json").write_text(json.dumps(headline))
+    if details is not None:
+        (reports / f"{name}_details.json").write_text(json.dumps({**headline, **details}))
+
+
+def _train_pilot(reports: Path, device: str = RTX, verdict: str = "ok", **changes) -> dict:
+    pilot = {
+        "verdict": verdict,
+        "problem": None if verdict == "ok" else "train pilot: out of memory on the longest rows (...)",
+        "device": device,
+        "world_size": 2,
+        "layout": "split",
+        "step_seconds": 1.9,
+        "tokens_per_s": 4400.0,
+        "samples_per_s": 2.0,
+        "target_share": 0.4,
+        "worst_step_seconds": 3.1,
+        "peak_memory_gb": 71.5,
+        "device_memory_gb": 95.6,
+        "peak_phase": "anchors",
+        "achieved_tflops": 150.0,
+        "mfu": 0.3,
+        "steps_per_epoch": 100,
+        "epochs": 6,
+        "target_signature": SIGNATURE,
+        **changes,
+    }
+    _write(reports, "train_pilot", pilot, {"device_type": "cuda", "rows_per_step": 2, "rows_per_epoch": 200})
+    return pilot
+
+
+# ------------------------------------------------------------------------------------------ the training pilot
+
+
+def test_training_eta_uses_the_pilot_when_present_and_the_model_when_not(tmp_path):
+    reports = tmp_path / "reports"
+    dp = "plan.train_assumptions.layout=data_parallel"
+    model = estimate.build_plan(_params(reports, dp))
+    assert model.training.source == "model" and model.summary["train_source"] == "model"
+    flops = model.training.flops_per_sequence["total"]
+    peak = 503.8e12  # the rtx-pro-6000 profile's bf16 peak
+    assert model.training.seconds_per_sequence_one_gpu == pytest.approx(flops / (peak * 0.35), rel=0.05)
+
+    _train_pilot(reports)
+    measured = estimate.build_plan(_params(reports, dp))
+    tr = measured.training
+    assert tr.source == "pilot" and measured.summary["train_source"] == "pilot"
+    samples, epochs, gpus = measured.dataset.train_samples, 6, 4
+    epoch_one_process = 200 / (2 / 2) * 1.9  # the pilot's 200 packed rows, 2 rows a step over 2 processes, 1.9 s a step
+    per_sample = epoch_one_process / samples
+    assert (tr.target_seconds_per_sequence, tr.drafter_seconds_per_sequence) == pytest.approx(
+        (0.4 * per_sample, 0.6 * per_sample)
+    )
+    assert tr.headline.total_hours == pytest.approx(epochs * epoch_one_process / gpus / 3600)  # scaled to 4 GPUs
+    assert tr.model_seconds_per_sequence == pytest.approx(model.training.seconds_per_sequence_one_gpu)
+    implied = flops / per_sample / peak  # the planner's FLOPs per sequence over its measured seconds
+    assert tr.pilot.implied_mfu == pytest.approx(implied) and measured.summary["train_mfu_implied"] == pytest.approx(
+        implied
+    )
+    assert tr.pilot.memory_fits and tr.pilot.memory_margin_gb == pytest.approx(95.6 - 71.5)
+    md = report.render_markdown(measured.to_json())
+    assert "### Training pilot: model vs measured" in md and "71.5 GB (anchors rows, split)" in md
+    assert f"{implied:.3g} implied" in md and "0.35 assumed" in md
+
+    # the deadline sizes the cluster with the pilot's step times too
+    dl = estimate.build_plan(_params(reports, "plan.deadline_hours=200"))
+    assert dl.deadline.train_source == "pilot"
+    no_pilot = estimate.build_plan(_params(tmp_path / "empty", "plan.deadline_hours=200"))
+    assert (
+        no_pilot.deadline.train_source == "model"
+        and dl.deadline.chosen.train_hours != no_pilot.deadline.chosen.train_hours
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"device": "NVIDIA H200"}, "ran on NVIDIA H200, not on the planned"),
+        ({"verdict": "out_of_memory"}, "verdict 'out_of_memory'"),
+        ({"target_signature": "Qwen3ForCausalLM/layers=4/hidden=256/vocab=151936"}, "measured on Qwen3ForCausalLM"),
+    ],
+)
+def test_a_pilot_that_cannot_stand_in_is_set_aside_and_said_so(tmp_path, change, why):
+    reports = tmp_path / "reports"
+    _train_pilot(reports, **change)
+    result = estimate.build_plan(_params(reports))
+    assert result.training.source == "model"
+    assert why in result.inputs["ignored"][str(reports / "train_pilot.json")]
+
+
+# ------------------------------------------------------------------------------------------ calibration
+
+
+def _ran(reports: Path) -> None:
+    """The stages' own reports of a run of this plan on 4 x RTX PRO 6000 (generate) and 2 split processes (train)."""
+    _write(
+        reports,
+        "generate",
+        {"output_tokens": 1.4e9, "output_tokens_per_s": 7000.0, "target_signature": SIGNATURE},
+        {"generation_wall_s": 2.0e5, "stage_wall_s": 2.01e5, "num_engines": 4},
+    )
+    _write(
+        reports,
+        "train",
+        {
+            "completed": True,
+            "steps": 2_700_000,
+            "tokens_per_s": 4000.0,
+            "wall_seconds": 2.5e6,
+            "drafter_params": 1730213120,
+        },
+        {"world_size": 2, "device": "cuda:1"},
+    )
+
+
+def test_calibration_sets_planned_beside_measured(tmp_path):
+    reports = tmp_path / "reports"
+    assert "calibration" not in estimate.make_plan(_params(reports))["summary"]  # nothing ran yet: nothing to hold
+    _ran(reports)
+    _train_pilot(reports)
+    result = estimate.build_plan(_params(reports))
+    cal = {c.stage: c for c in result.calibration}
+    gen, tr = cal["generate"], cal["train"]
+    assert gen.planned_from == "model" and gen.pilot_s is None  # no generate pilot: the model
+    assert gen.planned_s == pytest.approx(result.generation.model_wall_hours.mid * 3600)  # 4 engines, as planned
+    assert gen.error == pytest.approx(gen.planned_s / 2.0e5 - 1) and gen.measured_rate == 7000.0
+    assert tr.planned_from == "pilot" and tr.pilot_s == tr.planned_s and tr.model_s > 0
+    assert tr.error == pytest.approx(tr.planned_s / 2.5e6 - 1)
+    assert tr.model_error == pytest.approx(tr.model_s / 2.5e6 - 1)
+    summary = json.loads(json.dumps(result.summary))
+    assert summary["calibration"]["train"] == {"planned_s": tr.planned_s, "measured_s": 2.5e6, "error": tr.error}
+    md = report.render_markdown(result.to_json())
+    assert "## How good was this plan (calibration)" in md and f"{tr.error:+.0%}" in md
+
+
+def test_calibration_ignores_another_runs_reports(tmp_path):
+    reports = tmp_path / "reports"
+    _ran(reports)
+    (reports / "train.json").write_text(
+        json.dumps({"completed": True, "wall_seconds": 130.0, "drafter_params": 984192})
+    )
+    generate = json.loads((reports / "generate.json").read_text()) | {"target_signature": "Tiny/layers=4"}
+    (reports / "generate.json").write_text(json.dumps(generate))
+    result = estimate.build_plan(_params(reports))
+    assert result.calibration == []
+    ignored = result.inputs["ignored"]
+    assert "984192 parameters" in ignored[str(reports / "train.json")] and str(reports / "generate.json") in ignored
+
+
+# ------------------------------------------------------------------------------------------ the generate pilot's drain
+
+
+def test_a_pilot_the_size_of_the_run_predicts_its_own_wall():
+    """steady_rate takes the pilot's drain out, drained_seconds adds one back: a run of the pilot's own size gets the
+    pilot's own time, a larger run a higher rate (its drain is a smaller share)."""
+    prompts, mean, c, tail, rate = 175, 46.85, 64, 128, 774.0
+    steady = steady_rate(rate, prompts, mean, c, tail)
+    assert steady > rate
+    assert drained_seconds(prompts * mean, 1, c, steady, tail) == pytest.approx(prompts * mean / rate)
+    big = 10 * prompts * mean
+    assert big / drained_seconds(big, 1, c, steady, tail) > rate
+
+
+def test_the_pilot_runs_own_rate_wins_at_its_concurrency_and_drains(tmp_path):
+    reports = tmp_path / "reports"
+    sweep = [{"max_num_seqs": n, "output_tokens_per_s": r} for n, r in ((8, 500.0), (32, 1500.0), (96, 1600.0))]
+    pilot = {"output_tokens_per_s": 6000.0, "mean_output_tokens": 1500.0, "num_engines": 4, "pilot_prompts": 512}
+    pilot |= {"sweep": sweep, "chosen_max_num_seqs": 32, "target_signature": SIGNATURE}
+    details = {"max_num_seqs": 32, "backend": "engines", "p99_output_tokens": 9000.0, "full_run_prompts": 950000}
+    _write(reports, "pilot", pilot, details)
+    gen = estimate.build_plan(_params(reports)).generation
+    steady = steady_rate(1500.0, 128, 1500.0, 32, 9000.0)
+    assert gen.pilot.measured_per_engine == pytest.approx(steady) and "steady once its drain" in gen.pilot.rate_source
+    assert gen.output_tokens == pytest.approx(950000 * 1500.0)  # the full run's turns, from the pilot's details
+    hours = drained_seconds(950000 * 1500.0, 4, 32, steady, 9000.0) / 3600
+    assert gen.wall_hours.mid == pytest.approx(hours)
+
+
+# ------------------------------------------------------------------------------------------ published runs
+
+
+def test_published_runs_state_the_models_error(tmp_path):
+    checks = {c.key: c for c in check_runs()}
+    b200, rtx = checks["b200x7-regeneration"], checks["rtx-pro-6000x4-regeneration"]
+    assert (b200.value, b200.unit, rtx.value) == (17.45, "h", 400.0)
+    # the model of the same setup, planned independently through the stage's own path (no measurement files)
+    p = load_params(
+        "params.yaml", [f"base.reports_dir={tmp_path}"], ["params/published/b200x7-qwen3.6-27b-regeneration.yaml"]
+    )
+    hours = estimate.build_plan(p).generation.model_wall_hours.mid
+    assert b200.model == pytest.approx(hours) and b200.error == pytest.approx(hours / 17.45 - 1)
+    assert b200.optimistic == (hours < 17.45) and rtx.optimistic == (rtx.model > 400)
+    assert not math.isclose(b200.error, 0.0, abs_tol=0.01)
+    text = " ".join(estimate.build_plan(_params(tmp_path)).assumptions)
+    assert f"model {b200.model:,.4g} vs measured 17.45 h ({b200.error:+.0%}" in text
+    assert "scheduling" in text and "long tail of thinking outputs" in text
