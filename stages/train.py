@@ -45,11 +45,12 @@ def pilot(params):
         raise UserError(report["problem"])
 
 
-def main(params, args):
+def main(params, args=None):
+    """Train (or with `--pilot`, args.pilot, the training pilot only); `args` None = a plain training run."""
     from dflash.core.metrics import write_metrics
     from dflash.train.loop import HEADLINE, Trainer
 
-    if args.pilot:
+    if args is not None and args.pilot:
         return pilot(params)
     trainer = Trainer(params, Path(params.tokenize.out) / "train")  # what a user can get wrong fails here
     try:

@@ -160,5 +160,5 @@ def test_each_prompt_set_is_measured_on_its_own(stage):
     assert total == sum(details[n]["engines"]["dflash"]["num_drafts"] for n in details)
     assert other["tau"] != held["tau"]  # another prompt distribution, another acceptance
     md = (stage["reports"] / "eval.md").read_text()
-    assert "| prompt set | prompts | thinking | tau dflash | tau untrained | tau none | tau reference |" in md
+    assert "| prompt set | prompts | thinking | tau dflash | tau untrained | tau none | tau reference T=0 |" in md
     assert "| no_think | " + str(NUM_SET_PROMPTS) + " | off |" in md

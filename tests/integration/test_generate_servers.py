@@ -186,7 +186,10 @@ def test_killing_one_of_two_servers_mid_run_loses_and_duplicates_nothing(
     kill_tree(two_servers[1]["proc"].pid)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    assert "marked down" in err
+    killed = two_servers[1]["url"]  # its requests failed: retried elsewhere, or the server taken out of rotation
+    assert any(killed in line and ("out of rotation" in line or "failed" in line) for line in err.splitlines()), err[
+        -3000:
+    ]
     m = read_json(ws / "reports" / "generate_details.json")
     rows = [r for s in list_shards(Path(m["run_dir"]), "unit-*.arrow") for r in read_arrow(s).to_pylist()]
     ids = [r["sample_id"] for r in rows]
