@@ -193,9 +193,7 @@ def kind_drafter_params(kind: str, mask_token_id: int = 511, **changes):
     kind fields go by their own names (markov_rank, conv_kernel_size, conv_group_size, selector_rank, selector_top_k)."""
     import dataclasses
 
-    from dflash.core.loader import load_params
-
-    d = load_params(REPO / "params.yaml").drafter
+    d = repo_params().drafter
     dspark = {"markov_rank": changes.pop("markov_rank", 8)}
     keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
     dflash2 = {"selector_rank": 8, "selector_top_k": 5} | {k: changes.pop(k) for k in keys if k in changes}

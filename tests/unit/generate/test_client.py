@@ -24,7 +24,7 @@ from dflash.generate.progress import Progress
 from dflash.generate.servers import ServerError, http_failure, parse_reply, retry_after_s
 from dflash.generate.stage import make_units
 from dflash.generate.turns import TurnBook
-from tests.helpers import REPO, fake_worker_config
+from tests.helpers import REPO, fake_worker_config, repo_params
 
 VOCAB = 151936
 
@@ -206,7 +206,7 @@ def test_a_throttling_server_is_left_alone_for_its_retry_after_and_nothing_fails
 def test_a_unit_resumes_from_its_rows_with_the_same_history(tmp_path, qwen_tokenizer):
     """Rows made earlier (a re-opened shard, or a dead engine's finished turns) are replayed: the next turn's
     prompt is exactly the one an uninterrupted run sends."""
-    g = load_params(REPO / "params.yaml").generate
+    g = repo_params().generate
     u, a = {"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "OK."}
     conv = {"conversation_id": "c", "messages": [u, a, {"role": "user", "content": "And 3 + 3?"}, a], "tools": None}
     answer = qwen_tokenizer("<think>\nsum\n</think>\n\nFour.<|im_end|>", add_special_tokens=False)["input_ids"]

@@ -24,9 +24,8 @@ import pytest
 from benchmarks.fake_openai_servers import FakeServer
 from dflash.core import cli
 from dflash.core.io import list_shards, read_arrow, read_json, write_json
-from dflash.core.loader import load_params
 from stages import generate as generate_stage
-from tests.helpers import PARAMS, write_conversations
+from tests.helpers import PARAMS, repo_params, write_conversations
 
 VOCAB = 151936  # the fake target's config.json vocab_size (every Qwen3 checkpoint's)
 POISON = "Recite the forbidden verse."
@@ -55,7 +54,7 @@ def fake_target(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("fake_target") / "target"
     out.mkdir()
-    params = load_params(PARAMS)
+    params = repo_params()
     tiny_config(params.target).to_json_file(out / "config.json")
     for f in qwen3_tokenizer_dir().iterdir():
         shutil.copy(f, out / f.name)
