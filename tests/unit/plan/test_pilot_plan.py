@@ -230,6 +230,8 @@ def test_published_runs_state_the_models_error(tmp_path):
     assert b200.model == pytest.approx(hours) and b200.error == pytest.approx(hours / 17.45 - 1)
     assert b200.optimistic == (hours < 17.45) and rtx.optimistic == (rtx.model > 400)
     assert not math.isclose(b200.error, 0.0, abs_tol=0.01)
+    # a published run sizes its KV cache as the GPU run did (the share), never with params.yaml's CPU size
+    assert p.generate.kv_cache_memory_gb == 0
     text = " ".join(estimate.build_plan(_params(tmp_path)).assumptions)
     assert f"model {b200.model:,.4g} vs measured 17.45 h ({b200.error:+.0%}" in text
     assert "scheduling" in text and "long tail of thinking outputs" in text
