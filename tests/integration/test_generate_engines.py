@@ -33,11 +33,14 @@ def _rows(run_dir: Path) -> list[dict]:
     return rows
 
 
+NUM_CONVS = 48  # 6 units of 8: two kills at unit boundaries and a finishing run, multi-turn conversations included
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory, sample_conversations):
     ws = tmp_path_factory.mktemp("generate")
     (ws / "audit").mkdir()
-    write_conversations(ws / "audit" / "conversations.arrow", sample_conversations)
+    write_conversations(ws / "audit" / "conversations.arrow", sample_conversations[:NUM_CONVS])
     return ws
 
 
@@ -60,7 +63,10 @@ def reference(workspace, tiny_target):
 def test_reference_run_accounts_for_every_prompt(reference, sample_conversations):
     m = reference["metrics"]
     assert m["num_prompts"] == contract.count_prompts(
-        [{"conversation_id": str(i), "messages": c, "tools": None} for i, c in enumerate(sample_conversations)]
+        [
+            {"conversation_id": str(i), "messages": c, "tools": None}
+            for i, c in enumerate(sample_conversations[:NUM_CONVS])
+        ]
     )
     assert m["num_completed"] + m["num_skipped"] + m["num_failed"] == m["num_prompts"]
     ids = [r["sample_id"] for r in reference["rows"]]
@@ -155,7 +161,7 @@ def _engine_processes(tag: str) -> set[int]:
 def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_target, sample_conversations):
     ws = workspace / "crash"
     (ws / "audit").mkdir(parents=True)
-    convs = sample_conversations[:12]
+    convs = sample_conversations[:8]  # units 0 and 1: one good unit, then the bad one, tried twice
     write_conversations(ws / "audit" / "conversations.arrow", convs)
     # vLLM's own engine-core processes (the GPU setting): a dead worker's engine cores must not be left running
     cmd = generate_cmd(

@@ -18,7 +18,8 @@ from dflash.core.io import list_shards, read_arrow, read_json
 from dflash.generate import contract
 from tests.helpers import REPO, generate_cmd, write_conversations
 
-OVERRIDES = ("generate.unit_size=4", "generate.max_num_seqs=4", "generate.max_unit_retries=1")
+# 2 in flight: the poison search halves 2 suspects to 1 (each halving is an engine death and a restart)
+OVERRIDES = ("generate.unit_size=4", "generate.max_num_seqs=2", "generate.max_unit_retries=1")
 POISON = "Recite the forbidden verse."
 
 

@@ -118,6 +118,22 @@ def _wait_for_a_unit(ws: Path, proc, timeout_s: float = 300) -> list[Path]:
     return list_shards(list((ws / "generate").glob("run-*"))[0], "unit-*.arrow")
 
 
+def _wait_for_requests_on(server: dict, proc, timeout_s: float = 300) -> None:
+    """Block until `server` (one of local_servers' records) has a request running, read from its own /metrics
+    (vllm:num_requests_running), while the stage `proc` goes on: a kill then always cuts requests short."""
+    import urllib.request
+
+    metrics = server["url"].removesuffix("/v1") + "/metrics"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        with urllib.request.urlopen(metrics, timeout=5) as resp:
+            lines = resp.read().decode().splitlines()
+        if sum(float(ln.split()[-1]) for ln in lines if ln.startswith("vllm:num_requests_running")) > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{server['url']} never had a request running before the stage ended")
+
+
 def _committed(ws: Path) -> dict[str, str]:
     """sha256 of each unit shard the stage at `ws` has committed so far."""
     return {s.name: file_sha256(s) for s in list_shards(next((ws / "generate").glob("run-*")), "unit-*.arrow")}
@@ -182,7 +198,7 @@ def test_killing_one_of_two_servers_mid_run_loses_and_duplicates_nothing(
     ws = _ws(tmp_path, "ws", audit_dir)
     args = ("generate.backend=servers", _urls(two_servers), "generate.server_model=tiny-under-test")
     proc = _stage(ws, tiny_target, *args, wait=False)
-    _wait_for_a_unit(ws, proc)
+    _wait_for_requests_on(two_servers[1], proc)  # after a unit lands, the other server may have no work left
     kill_tree(two_servers[1]["proc"].pid)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
