@@ -310,16 +310,21 @@ TRAIN_SONG = (np.random.default_rng(123).permutation(48) + 10).tolist()  # the c
 
 
 @contextlib.contextmanager
-def one_thread():
-    """Bitwise comparisons and the golden file: one intra-op thread (reductions in one fixed order)."""
+def torch_threads(n: int):
+    """Run the block with `n` intra-op threads (float reductions in an order fixed by `n`), then restore."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def one_thread():
+    """Bitwise comparisons and the golden file: one intra-op thread (reductions in one fixed order)."""
+    return torch_threads(1)
 
 
 def save_train_target(folder: Path) -> Path:
