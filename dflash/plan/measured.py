@@ -28,7 +28,7 @@ class TrainPilot:
     device_type: str  # cuda | cpu
     world_size: int  # processes
     layout: str  # single | data_parallel | split
-    step_seconds: float  # ordinary rows, time-weighted
+    step_seconds: float  # ordinary rows, time-weighted, for the epoch's mix of rows (epoch_step_seconds) when given
     tokens_per_s: float
     samples_per_s: float  # documents per second over all processes
     target_share: float  # of the ordinary step: the target forward (the rest: drafter, optimizer, data wait)
@@ -67,6 +67,7 @@ def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> Tra
     details = _read_optional(path.with_name(path.stem + "_details.json")) or {}
     if not details.get("rows_per_epoch") or not details.get("rows_per_step"):
         raise UserError(f"{path}: its details lack rows_per_epoch / rows_per_step (rerun: dvc repro train_pilot)")
+    step = number(data, ("epoch_step_seconds",)) or data["step_seconds"]  # the epoch's mix of rows, when measured
     return TrainPilot(
         path=str(path),
         verdict="ok",
@@ -74,10 +75,10 @@ def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> Tra
         device_type=str(details.get("device_type") or ("cpu" if "thread" in str(data.get("device")) else "cuda")),
         world_size=int(data.get("world_size") or 1),
         layout=str(data.get("layout") or "single"),
-        step_seconds=data["step_seconds"],
+        step_seconds=step,
         tokens_per_s=data["tokens_per_s"],
         samples_per_s=data["samples_per_s"],
-        target_share=data["target_share"],
+        target_share=data["target_share"] * data["step_seconds"] / step,  # the target forward's time, as measured
         worst_step_seconds=number(data, ("worst_step_seconds",)),
         peak_memory_gb=data["peak_memory_gb"],
         device_memory_gb=number(data, ("device_memory_gb",)),

@@ -16,7 +16,11 @@ checkpointing, loss) runs three phases of W warm-up + M measured optimizer steps
             longest document): the target forward and the drafter's context at their largest;
   anchors   the documents with the most anchors per token packed the same way: the most blocks (drafter
             activations, logits) a row can carry;
-  ordinary  a seeded sample of epoch 0's packed rows: the step time the run will see.
+  ordinary  a seeded sample of epoch 0's packed rows: the step time the run will see. A few rows are a noisy
+            sample of the epoch (the drafter's work grows with the blocks a row carries: 286 to 572 in the demo's
+            six, 393 on average over its epoch), so `epoch_step_seconds` scales the drafter's part of the step
+            by the epoch's anchors per row over the measured rows' (the target forward, optimizer and data wait
+            as measured); the plan and `train_seconds_estimate` use it.
 Rates are time-weighted (tokens of the measured steps / their seconds), never a mean of per-step rates. Each step is
 split into data wait (packing + reading shards), target forward, drafter forward + backward, optimizer. The plan
 scales the ordinary step time by the epoch's packed rows (the same data, packed by the same code) to the planned
@@ -76,6 +80,7 @@ PILOT_HEADLINE = (  # reports/train_pilot.json, what the plan reads (everything:
     "world_size",
     "layout",
     "step_seconds",
+    "epoch_step_seconds",
     "tokens_per_s",
     "samples_per_s",
     "target_share",
@@ -358,6 +363,7 @@ def _run(trainer: PilotTrainer, params: Params, warmup: int, measured: int) -> d
     trainer.features = features
     devices = [trainer.target_device, trainer.device]
     plan = phase_steps(trainer, warmup + measured)
+    mix = anchor_mix(trainer, plan["ordinary"][warmup:])
     trainer.pilot_rows = [step for name in PHASES for step in plan[name]]
     phases, verdict, problem, s = {}, "ok", None, 0
     for name in PHASES:
@@ -384,10 +390,37 @@ def _run(trainer: PilotTrainer, params: Params, warmup: int, measured: int) -> d
     gathered = dist.gather(trainer.dist, {n: (p["peak_memory_gb"], p["achieved_tflops"]) for n, p in phases.items()})
     if not trainer.dist.is_main:
         return None
-    return report(trainer, params, phases, verdict, problem, gathered, target, features)
+    return report(trainer, params, phases, verdict, problem, gathered, target, features, mix)
 
 
-def report(trainer, params, phases, verdict, problem, gathered, target, features) -> dict:
+@dataclasses.dataclass(frozen=True)
+class AnchorMix:
+    """Blocks per packed row: in the ordinary steps the pilot measured, and over epoch 0's rows."""
+
+    sample_per_row: float
+    epoch_per_row: float
+
+
+def anchor_mix(trainer: Trainer, measured_steps: list[list[np.ndarray]]) -> AnchorMix:
+    """The measured ordinary rows' anchors per row beside the epoch's (module docstring: the epoch step time)."""
+    n = trainer.tp.num_anchors
+    sample = [row_anchors(trainer.index, r, n) for step in measured_steps for r in step]
+    epoch = [row_anchors(trainer.index, r, n) for r in trainer.rows(0)]
+    return AnchorMix(sample_per_row=float(np.mean(sample)), epoch_per_row=float(np.mean(epoch)))
+
+
+def epoch_step_seconds(ordinary: dict, mix: AnchorMix) -> float | None:
+    """The ordinary step time for the epoch's mix of rows: the drafter's part (forward + backward, which grows with
+    the blocks a row carries) scaled by the epoch's anchors per row over the measured rows'; the target forward,
+    optimizer and data wait as measured."""
+    step = ordinary.get("step_seconds")
+    if not step or mix.sample_per_row <= 0:
+        return step
+    drafter = step * ordinary["share"]["drafter"]
+    return step + drafter * (mix.epoch_per_row / mix.sample_per_row - 1)
+
+
+def report(trainer, params, phases, verdict, problem, gathered, target, features, mix: AnchorMix) -> dict:
     """Everything the pilot measured; the headline keys are PILOT_HEADLINE."""
     cfg, tp = trainer.cfg, trainer.tp
     ordinary = phases.get("ordinary", {})
@@ -398,6 +431,7 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
     norms = np.asarray(features.norms) if features.norms else np.zeros((0, len(cfg.target_layer_ids)))
     steps_per_epoch = trainer.steps_per_epoch[0]
     step_s = ordinary.get("step_seconds")
+    epoch_step_s = epoch_step_seconds(ordinary, mix) if ordinary else None
     dev = trainer.device
     mem_total = torch.cuda.get_device_properties(dev).total_memory / 1e9 if dev.type == "cuda" else host_memory_gb()
     per_token = ordinary.get("seconds_per_token", {})
@@ -423,6 +457,8 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
         "warmup_steps": tp.pilot_warmup_steps,
         "measured_steps": tp.pilot_steps,
         "step_seconds": step_s,
+        "epoch_step_seconds": epoch_step_s,
+        "anchors_per_row": {"measured": mix.sample_per_row, "epoch": mix.epoch_per_row},
         "tokens_per_s": ordinary.get("tokens_per_s"),
         "samples_per_s": ordinary.get("samples_per_s"),
         "target_share": ordinary["share"]["target"] if ordinary else None,  # of the ordinary step: the target forward
@@ -457,7 +493,7 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
         "documents_per_epoch": int(len(trainer.index.usable)),
         "steps_per_epoch": steps_per_epoch,
         "epochs": tp.epochs,
-        "train_seconds_estimate": step_s * trainer.total_steps if step_s else None,
+        "train_seconds_estimate": epoch_step_s * trainer.total_steps if epoch_step_s else None,
         "phases": phases,
         "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
     }

@@ -71,6 +71,22 @@ def _train_pilot(reports: Path, device: str = RTX, verdict: str = "ok", **change
 # ------------------------------------------------------------------------------------------ the training pilot
 
 
+def test_the_plan_uses_the_pilots_epoch_step_time_and_keeps_the_targets_measured_seconds(tmp_path):
+    """A pilot's few ordinary rows carry more (or fewer) blocks than the epoch's average: the plan reads the step
+    time for the epoch's mix (epoch_step_seconds) and the target forward's seconds as measured."""
+    reports = tmp_path / "reports"
+    dp = "plan.train_assumptions.layout=data_parallel"
+    _train_pilot(reports)
+    plain = estimate.build_plan(_params(reports, dp)).training
+    _train_pilot(reports, epoch_step_seconds=1.5)
+    mixed = estimate.build_plan(_params(reports, dp)).training
+    assert mixed.headline.total_hours == pytest.approx(plain.headline.total_hours * 1.5 / 1.9)
+    assert mixed.target_seconds_per_sequence == pytest.approx(plain.target_seconds_per_sequence)  # 0.4 x 1.9 s
+    assert mixed.drafter_seconds_per_sequence == pytest.approx(
+        plain.drafter_seconds_per_sequence * (1.5 - 0.4 * 1.9) / (0.6 * 1.9)
+    )
+
+
 def test_training_eta_uses_the_pilot_when_present_and_the_model_when_not(tmp_path):
     reports = tmp_path / "reports"
     dp = "plan.train_assumptions.layout=data_parallel"
