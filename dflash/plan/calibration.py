@@ -4,7 +4,8 @@ the model alone) beside what the stage measured, and the error.
     generate   the plan's generation time for the engines the generate stage ran (its reports/generate.json:
                engines, output tokens, the generation window generation_wall_s) vs that window
     train      the plan's training time for the run's processes and layout (reports/train.json, its details: world
-               size, devices) vs its training loop's wall seconds (wall_seconds: steps, checkpoints, logging)
+               size, devices) vs the summed seconds of its optimizer steps (steps_seconds: every step of the run,
+               a resumed run's earlier invocations included; not wall_seconds, the last invocation's loop only)
 Error = planned / measured - 1 (+ the plan was slow to promise, - it promised too fast). The pilots' figures are the
 plan's headline when they exist; the model's are shown beside them, so the report says what each would have
 promised. Engine start-up (generate) and target loading (train) are outside both windows; the stage's whole wall

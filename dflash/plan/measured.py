@@ -132,8 +132,12 @@ def read_train_run(path: Path, drafter_params: int, hw: GpuProfile, ignored: dic
     device = str(details.get("device", ""))
     kind = "cpu" if device.startswith("cpu") else "gpu"
     why = None
-    if not data.get("completed") or not number(data, ("wall_seconds",)):
+    # the run's own steps, whichever invocation ran them (a resumed run's wall_seconds holds only the last one's)
+    seconds = number(data, ("steps_seconds",)) or (None if details.get("resumed") else number(data, ("wall_seconds",)))
+    if not data.get("completed"):
         why = "an incomplete run (train.max_steps): nothing to compare with"
+    elif not seconds:
+        why = "a resumed run that does not say how long its steps took (rerun: dvc repro train)"
     elif data.get("drafter_params") != drafter_params:
         why = f"a drafter of {data.get('drafter_params')} parameters, not the planned {drafter_params}"
     elif device and kind != hw.kind:
@@ -143,7 +147,7 @@ def read_train_run(path: Path, drafter_params: int, hw: GpuProfile, ignored: dic
         return None
     return StageRun(
         path=str(path),
-        seconds=data["wall_seconds"],
+        seconds=seconds,
         rate=number(data, ("tokens_per_s",)) or 0.0,
         work=number(data, ("steps",)) or 0.0,
         engines_or_world=int(details.get("world_size") or 1),

@@ -106,6 +106,7 @@ HEADLINE = (  # reports/train.json, the DVC metrics (the whole summary: reports/
     "packing_efficiency",
     "drafter_params",
     "wall_seconds",
+    "steps_seconds",
 )
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -464,7 +465,8 @@ class Trainer:
             "final_accuracy_by_position": acc,
             "final_tau_hat": tau_hat(acc),
             "tokens_per_s": run_tokens / run_seconds if run_seconds else None,
-            "wall_seconds": seconds,
+            "wall_seconds": seconds,  # this invocation's loop (a resumed run: only the steps it ran)
+            "steps_seconds": run_seconds,  # every optimizer step of the run, resumed invocations included
             "checkpoint_dir": str(self.ckpt_dir),
         }
 

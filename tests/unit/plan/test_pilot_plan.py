@@ -188,6 +188,23 @@ def test_calibration_sets_planned_beside_measured(tmp_path):
     assert "## How good was this plan (calibration)" in md and f"{tr.error:+.0%}" in md
 
 
+def test_calibration_of_a_resumed_run_counts_every_step_not_the_last_invocation(tmp_path):
+    """A run resumed from its checkpoint (a crash, or a rerun that found the finished checkpoint) has a wall_seconds
+    of the last invocation only: the calibration reads steps_seconds, the summed seconds of every step."""
+    reports = tmp_path / "reports"
+    _ran(reports)
+    _train_pilot(reports)
+    train = json.loads((reports / "train.json").read_text())
+    details = {"world_size": 2, "device": "cuda:1", "resumed": True}
+    _write(reports, "train", train | {"wall_seconds": 0.003, "steps_seconds": 2.4e6}, details)
+    (tr,) = [c for c in estimate.build_plan(_params(reports)).calibration if c.stage == "train"]
+    assert tr.measured_s == 2.4e6 and tr.error == pytest.approx(tr.planned_s / 2.4e6 - 1)
+    _write(reports, "train", train | {"wall_seconds": 0.003}, details)  # an older report: no steps_seconds
+    result = estimate.build_plan(_params(reports))
+    assert [c.stage for c in result.calibration] == ["generate"]
+    assert "resumed run" in result.inputs["ignored"][str(reports / "train.json")]
+
+
 def test_calibration_ignores_another_runs_reports(tmp_path):
     reports = tmp_path / "reports"
     _ran(reports)
