@@ -16,11 +16,9 @@ checkpointing, loss) runs three phases of W warm-up + M measured optimizer steps
             longest document): the target forward and the drafter's context at their largest;
   anchors   the documents with the most anchors per token packed the same way: the most blocks (drafter
             activations, logits) a row can carry;
-  ordinary  a seeded sample of epoch 0's packed rows: the step time the run will see. A few rows are a noisy
-            sample of the epoch (the drafter's work grows with the blocks a row carries: 286 to 572 in the demo's
-            six, 393 on average over its epoch), so `epoch_step_seconds` scales the drafter's part of the step
-            by the epoch's anchors per row over the measured rows' (the target forward, optimizer and data wait
-            as measured); the plan and `train_seconds_estimate` use it.
+  ordinary  a seeded sample of epoch 0's packed rows: the step time the run will see. A few rows carry more or
+            fewer blocks than the epoch's average, so `epoch_step_seconds` (what the plan uses) scales the drafter's
+            part by the epoch's anchors per row over the measured rows'.
 Rates are time-weighted (tokens of the measured steps / their seconds), never a mean of per-step rates. Each step is
 split into data wait (packing + reading shards), target forward, drafter forward + backward, optimizer. The plan
 scales the ordinary step time by the epoch's packed rows (the same data, packed by the same code) to the planned
