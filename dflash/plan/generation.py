@@ -13,7 +13,9 @@ includes its drain: once its queue empties, the last sequences finish at a shrin
 as the longest outputs (p99) have tokens. A small pilot spends a large share of its time there, a full run almost
 none, so its steady rate is rate x (full-batch steps + drain steps) / full-batch steps, and the full run's time is
 its full-batch steps plus one drain (`steady_rate`, `drained_seconds`). Without the pilot's p99 and concurrency no
-drain is modelled.
+drain is modelled. A drain step costs a full-batch one where decode is bandwidth-bound (a GPU); where the step time
+grows with the batch (a CPU host: 24 ms at 4 sequences, 95 ms at 64 in the demo's sweep) it costs less, and the
+drain is counted in full-batch steps at the mean cost the sweep's measured step times give (`drain_step_cost`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,31 @@ def steady_rate(rate: float, prompts: float, mean_output: float, concurrency: in
 def drained_seconds(tokens: float, engines: int, concurrency: int, rate: float, tail_tokens: float) -> float:
     """A run of `tokens` over `engines` engines at a steady `rate` each: its full-batch time and one drain."""
     return tokens / (rate * engines) + tail_tokens * concurrency / rate
+
+
+def drain_step_cost(sweep: list[dict], concurrency: int) -> float:
+    """A drain step's mean cost as a share of a full-batch step, from the sweep's measured step times (module
+    docstring). A step at batch b takes b / (output tok/s at b); between levels the step time is interpolated, below
+    the smallest level it is that level's. The batch shrinks from `concurrency` to 1 over the drain, evenly. 1.0 (a
+    drain step costs a full one, as in bandwidth-bound decode) without two levels spanning `concurrency`."""
+    levels = sorted(
+        (int(r["max_num_seqs"]), r["max_num_seqs"] / r["output_tokens_per_s"])
+        for r in sweep
+        if r.get("max_num_seqs") and r.get("output_tokens_per_s")
+    )
+    if len(levels) < 2 or not levels[0][0] <= concurrency <= levels[-1][0]:
+        return 1.0
+
+    def step(b: float) -> float:
+        if b <= levels[0][0]:
+            return levels[0][1]
+        for (b0, s0), (b1, s1) in zip(levels, levels[1:], strict=False):
+            if b <= b1:
+                return s0 + (s1 - s0) * (b - b0) / (b1 - b0)
+        return levels[-1][1]
+
+    full = step(concurrency)
+    return min(1.0, sum(step(b) for b in range(1, concurrency + 1)) / concurrency / full) if full > 0 else 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,7 +155,7 @@ class PilotRate:
     pilot_estimated_total_hours: float | None
     calibrated_wall_hours: float
     rate_source: str
-    drain_tokens: float | None  # p99 output length: the drain modelled (None: none)
+    drain_tokens: float | None  # the drain modelled, in full-batch steps: p99 output x drain_step_cost (None: none)
     sweep_at_concurrency: float | None  # the sweep's one-engine rate at the planned concurrency, beside the rate used
     chosen_max_num_seqs: int | None
     sweep_vs_model: list[SweepPoint] = field(default_factory=list)
@@ -247,13 +274,15 @@ def pilot_rate(
         pilot_engines = 1
         source = f"sweep level max_num_seqs {level['max_num_seqs']} (one engine)"
     elif pilot.p99_output_tokens and pilot.max_num_seqs and pilot.prompts:
-        drain = pilot.p99_output_tokens
+        cost = drain_step_cost(pilot.sweep, pilot.max_num_seqs)
+        drain = pilot.p99_output_tokens * cost  # in full-batch steps
         per_engine = steady_rate(
             per_engine, pilot.prompts / pilot_engines, pilot.mean_output_tokens, pilot.max_num_seqs, drain
         )
         source = (
             f"the pilot run's own rate at max_num_seqs {pilot.max_num_seqs} ({pilot.backend or backend}), steady once "
-            f"its drain of ~{drain:.0f} steps (p99 output) is taken out"
+            f"its drain of ~{pilot.p99_output_tokens:.0f} steps (p99 output) is taken out"
+            + (f", a drain step costing {cost:.2f} of a full-batch one (the sweep's step times)" if cost < 1 else "")
         )
     if drain is not None:
         seconds = drained_seconds(est.output_tokens, engines, gp.max_num_seqs, per_engine, drain)

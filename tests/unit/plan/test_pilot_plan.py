@@ -17,7 +17,7 @@ import pytest
 from dflash.core.loader import load_params
 from dflash.core.target_config import target_signature
 from dflash.plan import estimate, report
-from dflash.plan.generation import drained_seconds, steady_rate
+from dflash.plan.generation import drain_step_cost, drained_seconds, steady_rate
 from dflash.plan.published import check_runs
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
@@ -222,6 +222,23 @@ def test_calibration_ignores_another_runs_reports(tmp_path):
 # ------------------------------------------------------------------------------------------ the generate pilot's drain
 
 
+def test_a_drain_step_costs_what_the_sweep_measured_at_its_batch():
+    """The demo's CPU sweep (step time grows with the batch): a drain step from 64 down to 1 costs 0.61 of a
+    full-batch step; a flat step time (bandwidth-bound decode) or a sweep that does not span the concurrency: 1."""
+    cpu = [
+        {"max_num_seqs": 4, "output_tokens_per_s": 164.72},
+        {"max_num_seqs": 16, "output_tokens_per_s": 411.88},
+        {"max_num_seqs": 64, "output_tokens_per_s": 671.75},
+    ]
+    step = {r["max_num_seqs"]: r["max_num_seqs"] / r["output_tokens_per_s"] for r in cpu}
+    by_hand = (4 * step[4] + sum(step[4] + (step[16] - step[4]) * (b - 4) / 12 for b in range(5, 17))) / 64
+    by_hand += sum(step[16] + (step[64] - step[16]) * (b - 16) / 48 for b in range(17, 65)) / 64
+    assert drain_step_cost(cpu, 64) == pytest.approx(by_hand / step[64]) and 0.55 < drain_step_cost(cpu, 64) < 0.65
+    flat = [{"max_num_seqs": b, "output_tokens_per_s": b * 50.0} for b in (4, 16, 64)]
+    assert drain_step_cost(flat, 64) == pytest.approx(1.0)
+    assert drain_step_cost(cpu, 128) == 1.0 and drain_step_cost(cpu[:1], 4) == 1.0 and drain_step_cost([], 64) == 1.0
+
+
 def test_a_pilot_the_size_of_the_run_predicts_its_own_wall():
     """steady_rate takes the pilot's drain out, drained_seconds adds one back: a run of the pilot's own size gets the
     pilot's own time, a larger run a higher rate (its drain is a smaller share)."""
@@ -241,10 +258,12 @@ def test_the_pilot_runs_own_rate_wins_at_its_concurrency_and_drains(tmp_path):
     details = {"max_num_seqs": 32, "backend": "engines", "p99_output_tokens": 9000.0, "full_run_prompts": 950000}
     _write(reports, "pilot", pilot, details)
     gen = estimate.build_plan(_params(reports)).generation
-    steady = steady_rate(1500.0, 128, 1500.0, 32, 9000.0)
+    drain = 9000.0 * drain_step_cost(sweep, 32)  # p99 steps, each at the sweep's mean drain cost (0.85 here)
+    assert 0.8 < drain / 9000.0 < 0.9 and gen.pilot.drain_tokens == pytest.approx(drain)
+    steady = steady_rate(1500.0, 128, 1500.0, 32, drain)
     assert gen.pilot.measured_per_engine == pytest.approx(steady) and "steady once its drain" in gen.pilot.rate_source
     assert gen.output_tokens == pytest.approx(950000 * 1500.0)  # the full run's turns, from the pilot's details
-    hours = drained_seconds(950000 * 1500.0, 4, 32, steady, 9000.0) / 3600
+    hours = drained_seconds(950000 * 1500.0, 4, 32, steady, drain) / 3600
     assert gen.wall_hours.mid == pytest.approx(hours)
 
 
