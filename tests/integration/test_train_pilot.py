@@ -154,7 +154,11 @@ def test_pilot_measures_the_real_trainer(setup, tmp_path):
     assert len(report["feature_rms"]) == 2 and report["min_feature_rms"] > 0
     assert report["attention_path"]["backend"] == "sdpa" and report["linear_attention"] is None
     assert report["layout"] == "single" and report["steps_per_epoch"] > 0
-    assert report["train_seconds_estimate"] == pytest.approx(report["step_seconds"] * 2 * report["steps_per_epoch"])
+    mix = report["anchors_per_row"]  # the epoch's mix of rows: the drafter's part scaled, the rest as measured
+    drafter = report["step_seconds"] * report["phases"]["ordinary"]["share"]["drafter"]
+    epoch_step = report["step_seconds"] + drafter * (mix["epoch"] / mix["measured"] - 1)
+    assert report["epoch_step_seconds"] == pytest.approx(epoch_step) and mix["epoch"] > 0 and mix["measured"] > 0
+    assert report["train_seconds_estimate"] == pytest.approx(epoch_step * 2 * report["steps_per_epoch"])
     assert not (tmp_path / "train" / "drafter").exists()  # nothing trained for keeps
     assert not list((tmp_path / "train").rglob("step-*"))
 

@@ -6,6 +6,7 @@ tests/integration/test_report_html.py."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 from html.parser import HTMLParser
 
@@ -82,7 +83,8 @@ def test_every_link_is_local_and_resolves(page):
 
 def test_headline_metrics_params_and_stage_identities(page):
     out, text = page
-    assert "3.614" in text and "tau in vLLM (trained drafter)" in text  # reports/eval.json's tau
+    tau = json.loads((REPO / "reports/eval.json").read_text())["tau"]
+    assert f"{tau:.3f}" in text and "tau in vLLM (trained drafter)" in text  # reports/eval.json's tau
     params = text[text.index('id="params"') : text.index('id="lock"')]
     assert "params.yaml as committed (git HEAD)" in params
     assert "<code>base.reports_dir</code>" in params and str(out.parent) in params
