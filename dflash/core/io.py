@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,28 +22,19 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 
-def _default_file_mode() -> int:
-    """The mode a plain open() gives a new file under this process's umask (mkstemp's own is 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success fsync and rename it over `path`, with the mode a plain
-    write would have given it (not mkstemp's private 0600: reports and artifacts are read by other users)."""
+    """Yield a temp path beside `path`; on success fsync and rename it over `path`. The temp file is created as a
+    plain open() creates one (0666 under the umask), not with mkstemp's private 0600: reports and artifacts are read
+    by other users."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    os.close(os.open(tmp_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as to open()
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
-        if tmp_path.is_file():
-            os.chmod(tmp_path, _default_file_mode())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
