@@ -9,7 +9,8 @@ Layout (`${train.out}/checkpoints/`, kept outside DVC's outs so that it survives
       model.safetensors     the drafter's fp32 master weights (the body; the same keys as the z-lab export)
       state.pt              optimizer, scheduler, RNG states, step, epoch, position in the epoch, metric history:
                             tensors / numbers / strings only, read back with torch.load(weights_only=True)
-      run_info.json         provenance: git SHA, package versions, argv, params
+      run_info.json         provenance: git SHA, package versions, argv, params, and `code`: a hash of every source
+                            file of dflash/ and stages/ the writing process had loaded (see `code_changes`)
 Only the newest `keep` checkpoints stay. Folders of other configurations are left alone (listed in the log).
 
 Multi-node: only global rank 0 writes (config.json, every checkpoint), then all ranks pass a barrier, so no
@@ -18,10 +19,14 @@ picks the latest checkpoint and every rank loads that same one (train.out on a f
 The hash covers the global batch (rows per optimizer step), not the world size: a run resumes on another world
 size when train.global_batch keeps its rows per step; `other_batch` finds the folder of the same run under a
 different global batch, so that a world-size change without it is refused instead of silently starting afresh.
+The hash does not cover the code: a run resumes across a code fix (a crash, a patch, the same schedule). A resumed
+checkpoint written by other code is said out loud (`code_changes`: the files that differ), above all a finished one,
+whose weights the run then exports without training a step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
@@ -214,8 +219,44 @@ def run_info(params: dict, extra: dict | None = None) -> dict:
         "cuda": torch.version.cuda,
         "argv": list(sys.argv),
         "params": params,
+        "code": code_fingerprint(),
         **(extra or {}),
     }
+
+
+REPO = Path(__file__).resolve().parents[2]
+CODE_PACKAGES = ("dflash", "stages")
+
+
+def _file_hash(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def code_fingerprint() -> dict[str, str]:
+    """{path relative to the repository: sha256 (16 hex)} of every source file of this project's packages loaded in
+    this process: the code that trained the weights a checkpoint holds."""
+    files = {}
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if not name or not name.endswith(".py"):
+            continue
+        path = Path(name).resolve()
+        if path.is_relative_to(REPO) and path.relative_to(REPO).parts[0] in CODE_PACKAGES:
+            digest = _file_hash(path)
+            if digest:
+                files[path.relative_to(REPO).as_posix()] = digest
+    return dict(sorted(files.items()))
+
+
+def code_changes(folder: str | Path) -> list[str]:
+    """The source files that differ now (changed or gone) from the code that wrote checkpoint `folder`, as its
+    run_info.json records it; [] when they are the same or the checkpoint predates the record."""
+    path = Path(folder) / RUN_INFO
+    written = read_json(path).get("code") if path.exists() else None
+    return sorted(f for f, digest in (written or {}).items() if _file_hash(REPO / f) != digest)
 
 
 def describe(state: dict[str, Any]) -> str:
@@ -224,6 +265,8 @@ def describe(state: dict[str, Any]) -> str:
 
 __all__ = [
     "checkpoints",
+    "code_changes",
+    "code_fingerprint",
     "config_folder",
     "get_history",
     "latest",

@@ -171,6 +171,7 @@ class Trainer:
         dist.init(self.dist, self.device)
         root = Path(tp.out) / "checkpoints"
         self.ckpt_dir = checkpoint.config_folder(root, key, write=self.dist.is_main)
+        self.resumed_code_changes: list[str] = []  # files changed since a resumed checkpoint was written (rank 0)
         dist.agree(self.dist, self.ckpt_dir.name, "the training configuration hash (params, data, target)")
         self._barrier()
         dist.check_shared(self.dist, self.ckpt_dir / checkpoint.CONFIG, "train.out")
@@ -382,6 +383,18 @@ class Trainer:
             state.get("world_size", "?"),
             self.world,
         )
+        if self.dist.is_main:
+            self.resumed_code_changes = checkpoint.code_changes(path)
+        if self.resumed_code_changes:
+            files = ", ".join(self.resumed_code_changes[:6]) + (" ..." if len(self.resumed_code_changes) > 6 else "")
+            if self.step >= self.total_steps:
+                then = (
+                    "This run trains no step: the drafter it exports holds the weights the earlier code trained. "
+                    f"To train with this code, delete {self.ckpt_dir} (or change a train param) and run again."
+                )
+            else:
+                then = "The rest of the run trains with this code."
+            log.warning("%s was written by other code (%s changed since). %s", path, files, then)
         return True
 
     # ------------------------------------------------------------------------------------------- loop
@@ -468,6 +481,7 @@ class Trainer:
             "wall_seconds": seconds,  # this invocation's loop (a resumed run: only the steps it ran)
             "steps_seconds": run_seconds,  # every optimizer step of the run, resumed invocations included
             "checkpoint_dir": str(self.ckpt_dir),
+            "resumed_code_changes": self.resumed_code_changes,  # the code files changed since (checkpoint.code_changes)
         }
 
 

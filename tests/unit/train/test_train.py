@@ -399,6 +399,7 @@ def test_kill_and_resume_equals_the_uninterrupted_run_bitwise(tmp_path, train_ta
     (folder / ".tmp-step-00000015/model.safetensors").write_bytes(b"torn")
     second = _run(train_target, train_data, out)
     assert second["resumed"] and second["completed"] and second["steps"] == ref["total_steps"]
+    assert second["resumed_code_changes"] == []  # the same code wrote the checkpoint: nothing to say
     assert _curve(checkpoint.get_history(folder)) == _curve(ref_history)  # exact: every loss, grad norm and count
     from safetensors.torch import load_file
 
@@ -451,3 +452,23 @@ def test_checkpoint_folder_follows_the_config(tmp_path, train_target, train_data
     other = Trainer(train_params(train_target, ref_out, "train.lr=1e-3"), train_data)
     assert same.ckpt_dir == folder and other.ckpt_dir != folder
     assert checkpoint.latest(other.ckpt_dir) is None
+
+
+def test_a_checkpoint_of_other_code_is_named_when_resumed(tmp_path, train_target, train_data, uninterrupted, caplog):
+    """The checkpoint hash covers params, data and target, not the code: a rerun after a code change resumes the
+    finished checkpoint and exports its weights without a step. The run names the files that changed and says so."""
+    ref_out, ref, _ = uninterrupted
+    info = json.loads((checkpoint.latest(ref["checkpoint_dir"]) / checkpoint.RUN_INFO).read_text())
+    assert "dflash/train/loop.py" in info["code"] and "dflash/drafter/model.py" in info["code"]
+    assert checkpoint.code_changes(checkpoint.latest(ref["checkpoint_dir"])) == []  # the code that wrote it
+    out = tmp_path / "run"
+    shutil.copytree(ref_out, out)  # train.out is outside the hash: the copy resumes the same configuration
+    latest = checkpoint.latest(next((out / "checkpoints").iterdir()))
+    info["code"]["dflash/train/loop.py"] = "0" * 16  # as if written by an earlier loop.py
+    (latest / checkpoint.RUN_INFO).write_text(json.dumps(info))
+    with caplog.at_level("WARNING", logger="dflash.train.loop"):
+        summary = _run(train_target, train_data, out)
+    assert summary["resumed"] and summary["steps"] == ref["total_steps"]
+    assert summary["resumed_code_changes"] == ["dflash/train/loop.py"]
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "dflash/train/loop.py changed since" in warning and "trains no step" in warning
