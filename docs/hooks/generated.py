@@ -293,8 +293,12 @@ def render_sweep(rel: str) -> str:
 PLAN_VARIANTS = [  # (label, -S overrides): the overlay as committed, then what the guides discuss
     ("the overlay", []),
     ("generate.max_num_seqs=8 (vLLM's BF16 serving recipe)", ["generate.max_num_seqs=8"]),
-    ("train.loss_target=tokens", ["train.loss_target=tokens"]),
-    ("train.loss_target=target_kl", ["train.loss_target=target_kl"]),
+    ("drafter.kind=dflash, train.position_weighting=dpace", ["drafter.kind=dflash", "train.position_weighting=dpace"]),
+    (
+        "drafter.kind=dflash, train.position_weighting=dpace, train.loss_target=tokens",
+        ["drafter.kind=dflash", "train.position_weighting=dpace", "train.loss_target=tokens"],
+    ),
+    ("drafter.kind=dspark", ["drafter.kind=dspark"]),
     ("plan.deadline_hours=72", ["plan.deadline_hours=72"]),
     ("plan.deadline_hours=72, plan.internode_gbps=25", ["plan.deadline_hours=72", "plan.internode_gbps=25"]),
     ("plan.deadline_hours=72, plan.internode_gbps=12.5", ["plan.deadline_hours=72", "plan.internode_gbps=12.5"]),

@@ -162,7 +162,7 @@ def _ran(reports: Path) -> None:
             "steps": 2_700_000,
             "tokens_per_s": 4000.0,
             "wall_seconds": 2.5e6,
-            "drafter_params": 1730213120,
+            "drafter_params": estimate.make_plan(_params(reports))["summary"]["drafter_params"],  # this plan's drafter
         },
         {"world_size": 2, "device": "cuda:1"},
     )
