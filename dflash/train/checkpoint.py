@@ -259,12 +259,26 @@ def code_changes(folder: str | Path) -> list[str]:
     return sorted(f for f, digest in (written or {}).items() if _file_hash(REPO / f) != digest)
 
 
+def code_change_warning(folder: str | Path, changed: list[str], finished: bool) -> str:
+    """What a run that resumed checkpoint `folder`, written by other code (`changed`: code_changes), tells the user."""
+    files = ", ".join(changed[:6]) + (" ..." if len(changed) > 6 else "")
+    if finished:
+        then = (
+            "This run trains no step: the drafter it exports holds the weights the earlier code trained. "
+            f"To train with this code, delete {Path(folder).parent} (or change a train param) and run again."
+        )
+    else:
+        then = "The rest of the run trains with this code."
+    return f"{folder} was written by other code ({files} changed since). {then}"
+
+
 def describe(state: dict[str, Any]) -> str:
     return f"step {state['step']} (epoch {state['epoch']}, step {state['epoch_step']} of it)"
 
 
 __all__ = [
     "checkpoints",
+    "code_change_warning",
     "code_changes",
     "code_fingerprint",
     "config_folder",

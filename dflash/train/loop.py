@@ -386,15 +386,8 @@ class Trainer:
         if self.dist.is_main:
             self.resumed_code_changes = checkpoint.code_changes(path)
         if self.resumed_code_changes:
-            files = ", ".join(self.resumed_code_changes[:6]) + (" ..." if len(self.resumed_code_changes) > 6 else "")
-            if self.step >= self.total_steps:
-                then = (
-                    "This run trains no step: the drafter it exports holds the weights the earlier code trained. "
-                    f"To train with this code, delete {self.ckpt_dir} (or change a train param) and run again."
-                )
-            else:
-                then = "The rest of the run trains with this code."
-            log.warning("%s was written by other code (%s changed since). %s", path, files, then)
+            finished = self.step >= self.total_steps
+            log.warning(checkpoint.code_change_warning(path, self.resumed_code_changes, finished))
         return True
 
     # ------------------------------------------------------------------------------------------- loop
