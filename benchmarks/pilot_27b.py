@@ -1,13 +1,14 @@
 """The training pilot at the Qwen3.6-27B drafter's geometry on one GPU (what benchmarks/gpu_check.sh's `pilot` step runs).
 
-The drafter is the real one (params/gpu-qwen3.6-27b.yaml: a DFlash2 on a body of 5 layers, 32 x 128 heads, FFN
-17408, block 16, K = 5 features: 1.92 B parameters, 1.73 B of them the DFlash body); the target is a random-weight Qwen3.5 text decoder of the real width (hidden 5120,
-vocabulary 248,320, the 27B's gated attention and Gated DeltaNet layer geometry, params/targets/qwen3.6-27b.config.json)
-with only --layers decoder layers (3 linear : 1 full, features from layers 0..4), so its forward is a fraction of the
-real one while the drafter side, the logits over the real vocabulary and the memory of the worst rows are at real
-scale. Data: --docs synthetic documents with the case's lengths (lognormal around ~2,070 tokens, cut at
-train.max_length 4096; the first eighth unsupervised). The pilot itself is dflash/train/pilot.py, in this process,
-with the overlay's settings on one device (target and drafter on cuda:0, flex attention, bf16).
+The drafter is the real one (params/gpu-qwen3.6-27b.yaml: a DFlash2 on a body of 5 layers, 32 x 128 heads, FFN 17408,
+block 16, K = 5 features: 1.92 B parameters, 1.73 B of them the DFlash body); the target is a random-weight Qwen3.5
+text decoder of the real width (hidden 5120, vocabulary 248,320, the 27B's gated attention and Gated DeltaNet layer
+geometry, params/targets/qwen3.6-27b.config.json) with only --layers decoder layers (3 linear : 1 full, features from
+layers 0..4), so its forward is a fraction of the real one while the drafter side, the logits over the real
+vocabulary and the memory of the worst rows are at real scale. Data: --docs synthetic documents with the case's
+lengths (lognormal around ~2,070 tokens, cut at train.max_length 4096; the first eighth unsupervised). The pilot
+itself is dflash/train/pilot.py, in this process, with the overlay's settings on one device (target and drafter on
+cuda:0, flex attention, bf16).
 
     python benchmarks/pilot_27b.py --device cuda --json OUT/pilot.json
     python benchmarks/pilot_27b.py --device cpu --smoke --json OUT/pilot.json   # tiny sizes: the code path only

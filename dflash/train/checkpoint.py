@@ -26,7 +26,6 @@ whose weights the run then exports without training a step.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import platform
@@ -41,7 +40,7 @@ from typing import Any
 import torch
 
 from dflash.core.errors import UserError
-from dflash.core.io import canonical_json, config_hash, read_json, write_json
+from dflash.core.io import canonical_json, config_hash, file_sha256, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +229,7 @@ CODE_PACKAGES = ("dflash", "stages")
 
 def _file_hash(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        return file_sha256(path)[:16]
     except OSError:
         return None
 
