@@ -1,0 +1,325 @@
+"""Engine-code parity harness: the reference's drafting against vLLM 0.32's own speculator code, on CPU.
+
+Purpose: decode the same prompts twice with dflash.eval.reference.reference_decode, once proposing with the
+reference's `propose` (dflash/drafter/dflash2.py selector_walk, dflash/drafter/dspark.py markov_walk) and once with
+vLLM's speculator object (DFlash2Speculator._generate_draft with CandidateSampler's Triton walk and cache kernels;
+DSparkSpeculator._generate_draft with its Markov loop and gumbel_sample kernel) over vLLM's model classes loaded
+from our export, and report both runs' drafted tokens per cycle, accepted lengths and committed tokens.
+What is shared: the target, the drafter's backbone hidden states (our DraftSession stands in for vLLM's
+`_run_model`, the attention forward the V2 runner would run on a GPU) and the verification. What is vLLM's: the
+heads as vLLM's classes hold them, the candidate walk, the Markov loop, the sampling and the draft-logit cache.
+At temperature > 0 the reference's draws are keyed by vLLM's Gumbel noise (noise.py: same seed, same position,
+same noise per token id), so a drafted token can be compared with vLLM's one for one; the reference's own
+rejection sampling then verifies both runs' drafts against their draft logits (equal draft logits and drafts
+give equal accepted lengths; different ones do not).
+Mutation check: `mutate` changes one drafted token of the reference's run (cycle, slot); the comparison must fail.
+
+Inputs: --kind dspark|dflash2, --out JSON path. Drafters: "random" (every weight N(0, 0.5), as
+tests/integration/test_vllm_kinds.py builds them) and "trained" (the backbone fitted to the target's greedy
+continuations, the kind's heads perturbed so they still change drafts).
+Output: JSON {"kind", "seconds", "interpreter_mask_bug", "runs": [{drafter, temperature, seed, reference,
+engine, mutated, max_draft_logit_diff}]} where reference / engine / mutated hold per prompt the cycles' drafts,
+accepted_per_pos, tokens.
+Command (what tests/integration/test_engine_parity.py runs; Triton in build/triton, see triton_env.py):
+    PYTHONPATH=build/triton:. TRITON_INTERPRET=1 .venv/bin/python -m tests.engine_parity.harness --kind dflash2 \
+        --out /tmp/dflash2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests.engine_parity import mask_repro
+from tests.engine_parity.triton_env import enable_interpreter
+
+MASK_BUG = mask_repro.run()  # before the fix: the interpreter's own behaviour, reported as found
+enable_interpreter()
+
+import torch  # noqa: E402
+
+from dflash.drafter.geometry import DFLASH2, DSPARK  # noqa: E402
+from dflash.eval import reference  # noqa: E402
+from tests.engine_parity.noise import draft_noise  # noqa: E402
+
+TEMPERATURES = (0.0, 1.0)
+SEED = 7
+MAX_TOKENS = 24
+PROMPTS = 3  # the trained drafter is fitted on the first two: full accepts there, rejections on the third
+
+
+@dataclass
+class Decode:
+    """One prompt's decode as the comparison reads it."""
+
+    cycles: list[list[int]] = field(default_factory=list)  # the drafted tokens of each verification cycle
+    accepted_per_pos: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    drafter: str
+    temperature: float
+    seed: int
+    reference: list[Decode]
+    engine: list[Decode]
+    mutated: list[Decode]
+    max_draft_logit_diff: float | None  # T > 0: the largest |reference - vLLM| over the finite draft logits
+    not_argmax: int  # cycles whose vLLM drafts differ from each slot's lm_head argmax (the kind's head at work)
+
+
+class EngineProposer:
+    """vLLM's speculator object for one request, its buffers laid out as the V2 runner fills them
+    (vllm/v1/worker/gpu/spec_decode/dflash/speculator.py DFlashSpeculator.__init__ / prepare inputs; int64
+    sample_pos and idx_mapping, int32 input ids, float32 temperature, int64 seeds, a float32 -inf draft-logit cache
+    when sampling), `_run_model` answering with our backbone's hidden states. Persistent across cycles, as in
+    the engine (DFlash2's cache kernel clears the previous cycle's candidates)."""
+
+    def __init__(self, kind: str, model, cfg, temperature: float, seed: int):
+        from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import CandidateSampler, DFlash2Speculator
+        from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+        n = cfg.block_size - 1
+        cls = DFlash2Speculator if kind == DFLASH2 else DSparkSpeculator
+        s = cls.__new__(cls)  # no __init__: it builds the V2 runner's GPU state; the fields _generate_draft reads:
+        s.model, s.num_speculative_steps, s.vocab_size = model, n, cfg.vocab_size
+        s.temperature = torch.tensor([temperature], dtype=torch.float32)
+        s.seeds = torch.tensor([seed], dtype=torch.int64)
+        s.sample_idx_mapping = torch.zeros(n, dtype=torch.int64)
+        s.draft_tokens = torch.zeros(1, n, dtype=torch.int64)
+        s.draft_logits = None if temperature == 0 else torch.full((1, n, cfg.vocab_size), float("-inf"))
+        s.use_fp64_gumbel, s.enable_adaptive_verification = False, False
+        s.acceptance_estimator, s.draft_watermarker = None, None
+        if kind == DFLASH2:  # 1 + N queries: [bonus, mask x N], the N masks sampled
+            s.top_k = cfg.selector_top_k
+            s.candidate_sampler = CandidateSampler(1, n, s.top_k, torch.device("cpu"))
+            s.num_query_per_req, s.sample_indices = 1 + n, torch.arange(1, 1 + n)
+        else:  # anchor-as-first: N queries [anchor, mask x N-1], every one sampled
+            s.num_query_per_req, s.sample_indices = n, torch.arange(n)
+            s._anchor_idx, s._step_cols = torch.zeros(1, dtype=torch.int64), torch.arange(n, dtype=torch.int32)
+            s._draft_topk, s.use_confidence_head = None, False
+            s._d2t_scatter_index, s._draft_scatter_buf = None, None
+        s.input_buffers = SimpleNamespace(input_ids=torch.zeros(s.num_query_per_req, dtype=torch.int32))
+        self.s, self.n, self.mask = s, n, cfg.mask_token_id
+        self.rows = slice(1, None) if kind == DFLASH2 else slice(0, None)  # the sampled query rows
+        self.not_argmax = 0
+
+    def __call__(self, session, bonus: int, start: int, lm_head, choose):
+        s = self.s
+        hidden = session.draft_hidden(bonus, start)
+        s.input_buffers.input_ids.fill_(self.mask)
+        s.input_buffers.input_ids[0] = bonus
+        s.sample_pos = torch.arange(start + 1, start + 1 + self.n, dtype=torch.int64)  # the predicted positions
+        s._run_model = lambda *args, **kwargs: hidden
+        with torch.no_grad():
+            s._generate_draft(1, hidden.shape[0], None, None, None)
+        drafts = s.draft_tokens[0].tolist()
+        self.not_argmax += drafts != lm_head(hidden[self.rows]).argmax(-1).tolist()
+        return drafts, (None if s.draft_logits is None else s.draft_logits[0].clone())
+
+
+def keyed_choose(temperature: float, seed: int, start: int, keys_of):
+    """The reference's `choose` at temperature > 0, drawing by vLLM's Gumbel noise: slot j's draw is keyed by
+    position start + j (the predicted token's position - 1) and by the token ids keys_of(j) its row scores."""
+    t = torch.tensor(temperature, dtype=torch.float32)
+
+    def choose(row: torch.Tensor, j: int) -> int:
+        return int((row.float() / t + draft_noise(seed, start + j, keys_of(j))).argmax())
+
+    return choose
+
+
+def reference_proposer(kind: str, cfg, temperature: float, seed: int):
+    """The reference's own `propose`, its draws keyed as vLLM keys them (module docstring)."""
+    original = reference.propose
+
+    def propose(session, bonus, start, lm_head, choose):
+        if choose is None:
+            return original(session, bonus, start, lm_head, None)
+        if kind == DFLASH2:  # the walk scores slot j's top-K candidates: their ids key the noise
+            logits = lm_head(session.draft_hidden(bonus, start)[1:]).float()
+            cand = torch.topk(logits, cfg.selector_top_k, dim=-1).indices
+            keys_of = cand.__getitem__
+        else:
+            every = torch.arange(cfg.vocab_size)
+            keys_of = lambda _j: every  # noqa: E731 - full-vocabulary rows
+        return original(session, bonus, start, lm_head, keyed_choose(temperature, seed, start, keys_of))
+
+    return propose
+
+
+def _decode(target, drafter, prompts, temperature: float, propose, mutate=None):
+    """reference_decode of every prompt with `propose` in place of the reference's -> (a Decode per prompt, every
+    cycle's draft logits (None at temperature 0)); `mutate` (cycle, slot): that drafted token + 1 (mod V) in every
+    prompt, the mutation check."""
+    decodes, draft_logits = [], []
+    for p, prompt in enumerate(prompts):
+        record = Decode()
+
+        def recording(*args, record=record):
+            drafts, q = propose(*args)
+            if mutate is not None and len(record.cycles) == mutate[0]:
+                drafts = list(drafts)
+                drafts[mutate[1]] = (drafts[mutate[1]] + 1) % drafter.config.vocab_size
+            record.cycles.append(list(drafts))
+            draft_logits.append(q)
+            return drafts, q
+
+        reference.propose = recording
+        try:
+            r = reference.reference_decode(target, drafter, prompt, MAX_TOKENS, temperature=temperature, seed=SEED + p)
+        finally:
+            reference.propose = ORIGINAL_PROPOSE
+        record.accepted_per_pos, record.tokens = r.accepted_per_pos, r.tokens
+        decodes.append(record)
+    return decodes, draft_logits
+
+
+ORIGINAL_PROPOSE = reference.propose
+
+
+def _max_diff(a: list, b: list) -> float | None:
+    """The largest |a - b| over the finite draft logits of the same cycles (inf where their supports differ)."""
+    diffs = []
+    for qa, qb in zip(a, b, strict=True):
+        if qa is None or qb is None:
+            continue
+        finite = torch.isfinite(qa)
+        if not torch.equal(finite, torch.isfinite(qb)):
+            return float("inf")
+        diffs.append(float((qa[finite] - qb[finite]).abs().max()) if finite.any() else 0.0)
+    return max(diffs) if diffs else None
+
+
+def compare(kind: str, label: str, cfg, target, ours, vllm_model, prompts) -> list[Run]:
+    runs = []
+    for temperature in TEMPERATURES:
+        ref, ref_q = _decode(target, ours, prompts, temperature, reference_proposer(kind, cfg, temperature, SEED))
+        engine = EngineProposer(kind, vllm_model, cfg, temperature, SEED)
+        eng, eng_q = _decode(target, ours, prompts, temperature, engine)
+        mutated, _ = _decode(
+            target, ours, prompts, temperature, reference_proposer(kind, cfg, temperature, SEED), (1, 1)
+        )
+        diff = None if temperature == 0 else _max_diff(ref_q, eng_q)
+        runs.append(Run(label, temperature, SEED, ref, eng, mutated, diff, engine.not_argmax))
+    return runs
+
+
+# ------------------------------------------------------------------------------------------ the drafters
+
+
+def _target(folder: Path):
+    """The small Qwen3 target test_vllm_kinds.py builds (saved for vLLM's ModelConfig), and vLLM's one-process
+    distributed state (its linear layers ask for the tensor-parallel group)."""
+    from transformers import Qwen3ForCausalLM
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    from tests.helpers import free_port, small_qwen3_config
+    from tests.integration.test_vllm_kinds import HIDDEN, VOCAB
+
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    torch.manual_seed(0)
+    config = small_qwen3_config(4, vocab=VOCAB, hidden=HIDDEN, max_position_embeddings=512, tie_word_embeddings=False)
+    target = Qwen3ForCausalLM(config).eval()
+    target.save_pretrained(folder)
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig("cpu"))):
+        parallel_state.init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{free_port()}", local_rank=0, backend="gloo"
+        )
+        parallel_state.initialize_model_parallel(1, 1)
+    return target
+
+
+def _fit_backbone(kind: str, cfg, model, target, prompts, steps: int = 150) -> None:
+    """A few Adam steps of cross-entropy on the target's greedy continuations: slot rows of every anchor against
+    the tokens they draft (dspark: query slot j after anchor a drafts a+1+j; dflash2: slot j >= 1 drafts a+j)."""
+    from dflash.drafter.model import block_input_ids, context_features
+
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    batches = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor(prompt + reference.greedy_decode(target, prompt, MAX_TOKENS + 8))
+            feats = context_features(target(ids[None], output_hidden_states=True).hidden_states, cfg.target_layer_ids)
+            anchors = torch.arange(len(prompt) - 1, len(ids) - cfg.block_size)
+            blocks = embed(block_input_ids(ids, anchors, cfg.query_slots, cfg.mask_token_id))
+            first = 1 if kind == DSPARK else 0  # the label of query slot 0
+            labels = torch.stack([ids[a + first : a + first + cfg.query_slots] for a in anchors])
+            batches.append((feats[0], blocks, anchors, labels))
+    keep = slice(0, None) if kind == DSPARK else slice(1, None)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss = 0.0
+        for feats, blocks, anchors, labels in batches:
+            hidden = model(feats, blocks, anchors).view(len(anchors), cfg.query_slots, -1)[:, keep]
+            loss = loss + torch.nn.functional.cross_entropy(head(hidden).flatten(0, 1), labels[:, keep].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def drafters(kind: str, target, prompts, work: Path):
+    """(label, cfg, our drafter, vLLM's module class loaded from its export) for the random and trained drafter."""
+    from dflash.drafter.export import save_drafter
+    from tests.integration.test_vllm_kinds import _load, _ours, _vllm
+
+    changes = {"conv_kernel_size": 3, "conv_group_size": 16} if kind == DFLASH2 else {}
+    out = []
+    for label in ("random", "trained"):
+        cfg, ours = _ours(kind, **changes)
+        if label == "trained":
+            torch.manual_seed(2)
+            for p in ours.parameters():
+                p.data.normal_(0, 0.05)
+            _fit_backbone(kind, cfg, ours, target, prompts[:2])
+            heads = ours.markov_head if kind == DSPARK else ours.candidate_selector
+            with torch.no_grad():  # the kind's heads matter (a zero Markov bias would leave DSpark's walk argmax)
+                for p in heads.parameters():
+                    p.normal_(0, 0.1)
+        folder = save_drafter(ours, cfg, work / f"{kind}-{label}")
+        num_steps = None if kind == DSPARK else cfg.block_size - 1
+        model, _ = _vllm(work / "target", folder, "dspark" if kind == DSPARK else "dflash", num_steps)
+        _load(model, folder)
+        with torch.no_grad():  # vLLM shares the target's lm_head (and embedding) at load time
+            model.lm_head.weight.copy_(target.get_output_embeddings().weight)
+        out.append((label, cfg, ours.eval(), model.eval()))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", choices=(DSPARK, DFLASH2), required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: beside --out)")
+    args = ap.parse_args(argv)
+    began = time.monotonic()
+    work = args.work or args.out.parent / f"parity-{args.kind}"
+    (work / "target").mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    target = _target(work / "target")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(500) for _ in range(rng.randint(5, 9))] for _ in range(PROMPTS)]
+    runs = []
+    for label, cfg, ours, model in drafters(args.kind, target, prompts, work):
+        runs += compare(args.kind, label, cfg, target, ours, model, prompts)
+    report = {
+        "kind": args.kind,
+        "seconds": round(time.monotonic() - began, 1),
+        "interpreter_mask_bug": MASK_BUG,
+        "runs": [asdict(r) for r in runs],
+    }
+    args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
