@@ -3,10 +3,14 @@ own speculator code, its Triton kernels run on CPU by Triton's interpreter (test
 
 triton_env.py   Triton 3.9 in its own folder (build/triton, installed from PyPI when missing) and the interpreter set-up
                 that lets vLLM's kernels load and run on CPU tensors;
+kinds.py        per kind: vLLM's speculator class, query layout, method, our head, the speculator fields to set
+                (one entry per kind; its docstring says how LiLiCorr plugs in);
+noise.py        vLLM's drafting Gumbel noise through vLLM's own Triton helpers (keys the reference's draws at T > 0);
+mask_repro.py   the minimal reproduction of the interpreter's mask bug;
 harness.py      the runnable comparison (one subprocess per kind, Triton on its path only there): vLLM's
                 DFlash2Speculator / DSparkSpeculator methods over vLLM's model classes loaded from our export, against
                 the reference decode, as JSON.
 
 May import dflash, tests.helpers, tests.integration.test_vllm_kinds (vLLM's module classes on our export), torch,
-vllm, and triton (harness.py only, inside its subprocess).
+vllm, and triton (harness.py, noise.py, mask_repro.py: inside the harness subprocess only).
 """

@@ -44,8 +44,8 @@ enable_interpreter()
 
 import torch  # noqa: E402
 
-from dflash.drafter.geometry import DFLASH2, DSPARK  # noqa: E402
 from dflash.eval import reference  # noqa: E402
+from tests.engine_parity.kinds import ENGINE_KINDS  # noqa: E402
 from tests.engine_parity.noise import draft_noise  # noqa: E402
 
 TEMPERATURES = (0.0, 1.0)
@@ -83,11 +83,9 @@ class EngineProposer:
     the engine (DFlash2's cache kernel clears the previous cycle's candidates)."""
 
     def __init__(self, kind: str, model, cfg, temperature: float, seed: int):
-        from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import CandidateSampler, DFlash2Speculator
-        from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
-
+        spec = ENGINE_KINDS[kind]
         n = cfg.block_size - 1
-        cls = DFlash2Speculator if kind == DFLASH2 else DSparkSpeculator
+        cls = spec.speculator_class()
         s = cls.__new__(cls)  # no __init__: it builds the V2 runner's GPU state; the fields _generate_draft reads:
         s.model, s.num_speculative_steps, s.vocab_size = model, n, cfg.vocab_size
         s.temperature = torch.tensor([temperature], dtype=torch.float32)
@@ -97,18 +95,11 @@ class EngineProposer:
         s.draft_logits = None if temperature == 0 else torch.full((1, n, cfg.vocab_size), float("-inf"))
         s.use_fp64_gumbel, s.enable_adaptive_verification = False, False
         s.acceptance_estimator, s.draft_watermarker = None, None
-        if kind == DFLASH2:  # 1 + N queries: [bonus, mask x N], the N masks sampled
-            s.top_k = cfg.selector_top_k
-            s.candidate_sampler = CandidateSampler(1, n, s.top_k, torch.device("cpu"))
-            s.num_query_per_req, s.sample_indices = 1 + n, torch.arange(1, 1 + n)
-        else:  # anchor-as-first: N queries [anchor, mask x N-1], every one sampled
-            s.num_query_per_req, s.sample_indices = n, torch.arange(n)
-            s._anchor_idx, s._step_cols = torch.zeros(1, dtype=torch.int64), torch.arange(n, dtype=torch.int32)
-            s._draft_topk, s.use_confidence_head = None, False
-            s._d2t_scatter_index, s._draft_scatter_buf = None, None
+        s.num_query_per_req = 1 + n if spec.fill_in else n  # [bonus, mask x N] | [anchor, mask x N-1]
+        s.sample_indices = torch.arange(s.num_query_per_req)[spec.sampled_rows]
         s.input_buffers = SimpleNamespace(input_ids=torch.zeros(s.num_query_per_req, dtype=torch.int32))
-        self.s, self.n, self.mask = s, n, cfg.mask_token_id
-        self.rows = slice(1, None) if kind == DFLASH2 else slice(0, None)  # the sampled query rows
+        spec.setup(s, cfg, n)
+        self.spec, self.s, self.n, self.mask = spec, s, n, cfg.mask_token_id
         self.not_argmax = 0
 
     def __call__(self, session, bonus: int, start: int, lm_head, choose):
@@ -119,9 +110,11 @@ class EngineProposer:
         s.sample_pos = torch.arange(start + 1, start + 1 + self.n, dtype=torch.int64)  # the predicted positions
         s._run_model = lambda *args, **kwargs: hidden
         with torch.no_grad():
+            if self.spec.before_draft is not None:
+                self.spec.before_draft(s, hidden)
             s._generate_draft(1, hidden.shape[0], None, None, None)
         drafts = s.draft_tokens[0].tolist()
-        self.not_argmax += drafts != lm_head(hidden[self.rows]).argmax(-1).tolist()
+        self.not_argmax += drafts != lm_head(hidden[self.spec.sampled_rows]).argmax(-1).tolist()
         return drafts, (None if s.draft_logits is None else s.draft_logits[0].clone())
 
 
@@ -143,8 +136,9 @@ def reference_proposer(kind: str, cfg, temperature: float, seed: int):
     def propose(session, bonus, start, lm_head, choose):
         if choose is None:
             return original(session, bonus, start, lm_head, None)
-        if kind == DFLASH2:  # the walk scores slot j's top-K candidates: their ids key the noise
-            logits = lm_head(session.draft_hidden(bonus, start)[1:]).float()
+        spec = ENGINE_KINDS[kind]
+        if spec.candidate_keys:  # the walk scores slot j's top-K candidates: their ids key the noise
+            logits = lm_head(session.draft_hidden(bonus, start)[spec.sampled_rows]).float()
             cand = torch.topk(logits, cfg.selector_top_k, dim=-1).indices
             keys_of = cand.__getitem__
         else:
@@ -251,10 +245,10 @@ def _fit_backbone(kind: str, cfg, model, target, prompts, steps: int = 150) -> N
             feats = context_features(target(ids[None], output_hidden_states=True).hidden_states, cfg.target_layer_ids)
             anchors = torch.arange(len(prompt) - 1, len(ids) - cfg.block_size)
             blocks = embed(block_input_ids(ids, anchors, cfg.query_slots, cfg.mask_token_id))
-            first = 1 if kind == DSPARK else 0  # the label of query slot 0
+            first = 0 if ENGINE_KINDS[kind].fill_in else 1  # the label of query slot 0
             labels = torch.stack([ids[a + first : a + first + cfg.query_slots] for a in anchors])
             batches.append((feats[0], blocks, anchors, labels))
-    keep = slice(0, None) if kind == DSPARK else slice(1, None)
+    keep = ENGINE_KINDS[kind].sampled_rows
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(steps):
         loss = 0.0
@@ -272,22 +266,22 @@ def drafters(kind: str, target, prompts, work: Path):
     from dflash.drafter.export import save_drafter
     from tests.integration.test_vllm_kinds import _load, _ours, _vllm
 
-    changes = {"conv_kernel_size": 3, "conv_group_size": 16} if kind == DFLASH2 else {}
+    spec = ENGINE_KINDS[kind]
     out = []
     for label in ("random", "trained"):
-        cfg, ours = _ours(kind, **changes)
+        cfg, ours = _ours(kind, **spec.drafter_changes)
         if label == "trained":
             torch.manual_seed(2)
             for p in ours.parameters():
                 p.data.normal_(0, 0.05)
             _fit_backbone(kind, cfg, ours, target, prompts[:2])
-            heads = ours.markov_head if kind == DSPARK else ours.candidate_selector
+            heads = getattr(ours, spec.head)
             with torch.no_grad():  # the kind's heads matter (a zero Markov bias would leave DSpark's walk argmax)
                 for p in heads.parameters():
                     p.normal_(0, 0.1)
         folder = save_drafter(ours, cfg, work / f"{kind}-{label}")
-        num_steps = None if kind == DSPARK else cfg.block_size - 1
-        model, _ = _vllm(work / "target", folder, "dspark" if kind == DSPARK else "dflash", num_steps)
+        num_steps = cfg.block_size - 1 if spec.fill_in else None  # DSpark: vLLM reads it from our config
+        model, _ = _vllm(work / "target", folder, spec.method, num_steps)
         _load(model, folder)
         with torch.no_grad():  # vLLM shares the target's lm_head (and embedding) at load time
             model.lm_head.weight.copy_(target.get_output_embeddings().weight)
@@ -297,7 +291,7 @@ def drafters(kind: str, target, prompts, work: Path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=(DSPARK, DFLASH2), required=True)
+    ap.add_argument("--kind", choices=sorted(ENGINE_KINDS), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: beside --out)")
     args = ap.parse_args(argv)
