@@ -6,11 +6,12 @@ triton_env.py   Triton 3.9 in its own folder (build/triton, installed from PyPI 
 kinds.py        per kind: vLLM's speculator class, query layout, method, our head, the speculator fields to set
                 (one entry per kind; its docstring says how LiLiCorr plugs in);
 noise.py        vLLM's drafting Gumbel noise through vLLM's own Triton helpers (keys the reference's draws at T > 0);
+verify.py       vLLM's greedy rejection_sample on the blocks the engine run verified (accepted lengths at T 0);
 mask_repro.py   the minimal reproduction of the interpreter's mask bug;
 harness.py      the runnable comparison (one subprocess per kind, Triton on its path only there): vLLM's
                 DFlash2Speculator / DSparkSpeculator methods over vLLM's model classes loaded from our export, against
                 the reference decode, as JSON.
 
 May import dflash, tests.helpers, tests.integration.test_vllm_kinds (vLLM's module classes on our export), torch,
-vllm, and triton (harness.py, noise.py, mask_repro.py: inside the harness subprocess only).
+vllm, and triton (harness.py, noise.py, verify.py, mask_repro.py: inside the harness subprocess only).
 """

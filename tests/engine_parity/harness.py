@@ -47,6 +47,7 @@ import torch  # noqa: E402
 from dflash.eval import reference  # noqa: E402
 from tests.engine_parity.kinds import ENGINE_KINDS  # noqa: E402
 from tests.engine_parity.noise import draft_noise  # noqa: E402
+from tests.engine_parity.verify import recording_blocks, vllm_greedy_accepted  # noqa: E402
 
 TEMPERATURES = (0.0, 1.0)
 SEED = 7
@@ -61,6 +62,8 @@ class Decode:
     cycles: list[list[int]] = field(default_factory=list)  # the drafted tokens of each verification cycle
     accepted_per_pos: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)  # each cycle's accepted length by the reference's verification
+    vllm_accepted: list[int] | None = None  # engine run, T 0: the same cycles' by vLLM's rejection_sample
 
 
 @dataclass
@@ -149,10 +152,11 @@ def reference_proposer(kind: str, cfg, temperature: float, seed: int):
     return propose
 
 
-def _decode(target, drafter, prompts, temperature: float, propose, mutate=None):
+def _decode(target, drafter, prompts, temperature: float, propose, mutate=None, vllm_verify=False):
     """reference_decode of every prompt with `propose` in place of the reference's -> (a Decode per prompt, every
     cycle's draft logits (None at temperature 0)); `mutate` (cycle, slot): that drafted token + 1 (mod V) in every
-    prompt, the mutation check."""
+    prompt, the mutation check; `vllm_verify`: also each cycle's accepted length by vLLM's greedy rejection
+    sampling (verify.py)."""
     decodes, draft_logits = [], []
     for p, prompt in enumerate(prompts):
         record = Decode()
@@ -168,10 +172,16 @@ def _decode(target, drafter, prompts, temperature: float, propose, mutate=None):
 
         reference.propose = recording
         try:
-            r = reference.reference_decode(target, drafter, prompt, MAX_TOKENS, temperature=temperature, seed=SEED + p)
+            with recording_blocks() as blocks:
+                r = reference.reference_decode(
+                    target, drafter, prompt, MAX_TOKENS, temperature=temperature, seed=SEED + p
+                )
         finally:
             reference.propose = ORIGINAL_PROPOSE
         record.accepted_per_pos, record.tokens = r.accepted_per_pos, r.tokens
+        record.accepted = [k - 1 for k in blocks.kept]
+        if vllm_verify:
+            record.vllm_accepted = vllm_greedy_accepted(blocks, SEED + p)
         decodes.append(record)
     return decodes, draft_logits
 
@@ -198,7 +208,7 @@ def compare(kind: str, label: str, cfg, target, ours, vllm_model, prompts) -> li
     for temperature in TEMPERATURES:
         ref, ref_q = _decode(target, ours, prompts, temperature, reference_proposer(kind, cfg, temperature, SEED))
         engine = EngineProposer(kind, vllm_model, cfg, temperature, SEED)
-        eng, eng_q = _decode(target, ours, prompts, temperature, engine)
+        eng, eng_q = _decode(target, ours, prompts, temperature, engine, vllm_verify=temperature == 0)
         mutated, _ = _decode(
             target, ours, prompts, temperature, reference_proposer(kind, cfg, temperature, SEED), (1, 1)
         )

@@ -4,7 +4,8 @@ vLLM's DFlash2Speculator / DSparkSpeculator methods (their Triton kernels under 
 parts as they are) draft over vLLM's model classes loaded from our exports; dflash/eval/reference.py drafts over our
 modules; both decode the same prompts (tests/engine_parity/harness.py says what is shared and what is vLLM's). For
 a random and a trained drafter of each kind, at temperature 0 and 1 with the same seeds: the same drafted tokens
-in every verification cycle, the same accepted lengths, the same committed tokens, the same draft logits. Each
+in every verification cycle, the same accepted lengths, the same committed tokens, the same draft logits; at
+temperature 0 the accepted lengths also by vLLM's own rejection_sample (tests/engine_parity/verify.py). Each
 comparison is also made against the reference with one drafted token changed (cycle 1, slot 1), which must fail.
 
 Triton 3.9 lives in build/triton (installed from PyPI by the fixture when missing; in the venv it breaks
@@ -52,7 +53,8 @@ def _run(report: dict, drafter: str, temperature: float) -> dict:
 
 
 def mismatches(reference: list[dict], engine: list[dict]) -> list[str]:
-    """Every difference between two runs' decodes: (prompt, cycle) drafted tokens, accepted lengths, tokens."""
+    """Every difference between two runs' decodes: (prompt, cycle) drafted tokens, accepted lengths per cycle and
+    per position, committed tokens."""
     found = []
     for p, (a, b) in enumerate(zip(reference, engine, strict=True)):
         if len(a["cycles"]) != len(b["cycles"]):
@@ -60,6 +62,8 @@ def mismatches(reference: list[dict], engine: list[dict]) -> list[str]:
         for c, (x, y) in enumerate(zip(a["cycles"], b["cycles"], strict=False)):
             if x != y:
                 found.append(f"prompt {p} cycle {c}: drafted {x} vs {y}")
+        if a["accepted"] != b["accepted"]:
+            found.append(f"prompt {p}: accepted per cycle {a['accepted']} vs {b['accepted']}")
         if a["accepted_per_pos"] != b["accepted_per_pos"]:
             found.append(f"prompt {p}: accepted per position {a['accepted_per_pos']} vs {b['accepted_per_pos']}")
         if a["tokens"] != b["tokens"]:
@@ -84,6 +88,9 @@ def test_reference_drafts_what_vllms_speculator_drafts(parity, drafter, temperat
         assert run["max_draft_logit_diff"] is None  # greedy: vLLM keeps no draft logits
         # the kind's head changes vLLM's greedy drafts (walk / Markov bias): a reference that ignored it would fail
         assert run["not_argmax"] >= 3
+        # vLLM's own greedy rejection sampling of the engine run's blocks accepts what the reference accepted
+        for ours, engine in zip(run["reference"], run["engine"], strict=True):
+            assert engine["vllm_accepted"] == ours["accepted"]
 
 
 @pytest.mark.parametrize("temperature", TEMPERATURES)
