@@ -59,14 +59,11 @@ class Form:
     @property
     def label(self) -> str:
         """e.g. "gzip-compressed JSON lines", "a JSON array", "parquet"."""
-        what = LABELS[self.kind]
         if not self.compression:
-            return what
-        return (
-            f"a {self.compression}-compressed JSON array"
-            if self.kind == "json"
-            else f"{self.compression}-compressed {what}"
-        )
+            return LABELS[self.kind]
+        if self.kind == "json":
+            return f"a {self.compression}-compressed JSON array"
+        return f"{self.compression}-compressed {LABELS[self.kind]}"
 
 
 def compression_of(head: bytes) -> str:
@@ -99,7 +96,8 @@ def _head(path: Path, compression: str) -> bytes:
 
 def _text_kind(path: Path, text: bytes) -> str:
     """JSON array or JSON lines, from decompressed text: `[` first is an array unless the first line is a whole
-    JSON value and the next non-blank line starts with `{`. UTF-16 / UTF-32, HTML or XML: a UserError saying what and how to fix."""
+    JSON value and the next non-blank line starts with `{`. UTF-16 / UTF-32, HTML or XML: a UserError saying
+    what and how to fix."""
     for bom, name in BOMS:
         if text.startswith(bom):
             raise UserError(
