@@ -11,6 +11,9 @@ the prompt echoed as `prompt_token_ids` like vLLM with return_token_ids). `mode`
     html          HTTP 200 with a text/html error page (a proxy in front of a dead node)
     no_token_ids  choices[0] without token_ids (a server that ignores return_token_ids)
     no_choices    a reply whose choices list is empty
+    two_choices   two choices for a request of one (n = 1): an other completion first, then the canned one
+    early_length  the canned completion less its last token, finish_reason "length" with max_tokens and the
+                  context far off (a server that cuts answers short)
     throttle      HTTP 429 with Retry-After: 1 (a gateway's rate limit)
     hang          accepts the request and never answers
     error         HTTP 500
@@ -49,6 +52,8 @@ MODES = (
     "html",
     "no_token_ids",
     "no_choices",
+    "two_choices",
+    "early_length",
     "throttle",
     "hang",
     "error",
@@ -135,9 +140,14 @@ class _Server:
             elif mode == "string":
                 ids = [str(i) for i in ids]
             choice = {"text": self.text, "finish_reason": "stop" if len(ids) == len(self.completion) else "length"}
+            if mode == "early_length":
+                ids, choice["finish_reason"] = ids[:-1], "length"
             if mode != "no_token_ids":
                 choice["token_ids"] = ids
             body_out = head + echo + json.dumps(choice)[1:] + "]}"
+            if mode == "two_choices":  # another valid completion first: only "exactly one choice" can tell
+                other = {**choice, "token_ids": [(t + 1) % min(self.vocab_size, 150_000) for t in ids]}
+                body_out = head + echo + json.dumps(other)[1:] + "," + body_out[len(head) :]
         if mode == "ok":
             self.answered_count += 1
             if self.keep_prompts:

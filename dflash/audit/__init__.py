@@ -1,7 +1,8 @@
 """Stage `audit`: raw conversations checked in seconds, before any GPU time.
 
   records.py   one row's RAW layout, row_ref (what a row number means), the Python reader for rows Arrow refuses
-  files.py     which files are inputs (extensions, .gz / .zst, save_to_disk folders), opening them, skipped files
+  files.py     which files are inputs, by their names (extensions, .gz / .zst, save_to_disk folders), skipped files
+  forms.py     what a file holds, from its bytes (gzip / zstd / plain, JSON array / lines, parquet / Arrow), opening it
   hub.py       audit.input hf:DATASET_ID: the split's Arrow files in the `datasets` cache (pinned revision, offline)
   readers.py   every input -> RAW chunks; JSONL here, malformed rows named FILE:line N
   tables.py    parquet / Arrow files / save_to_disk folders / hub splits -> RAW chunks (FILE row N), JSON-string columns

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 REASONS = (
     "malformed",  # bad JSON / UTF-8, missing fields, wrong types
+    "non_text_part",  # a message content part that is not text (image_url, input_audio, file...): multimodal data
     "unknown_role",  # a role outside system/user/assistant/tool (after ShareGPT mapping)
     "first_turn_not_user",  # the first turn after optional system prompts is not from the user
     "no_user_turn",  # the prompt has no user turn (nothing to answer)
@@ -171,7 +172,7 @@ def audit_chunk(chunk, state: AuditState, chat, kwargs: dict) -> pa.Table:
     state.note_chunk(chunk)
     n = table.num_rows
     rows = table.column("source_row").to_numpy()
-    pending = [(m.row, ["malformed"], m.detail, None, m.excerpt) for m in chunk.malformed]
+    pending = [(m.row, [m.reason], m.detail, None, m.excerpt) for m in chunk.malformed]
     state.num_rows += n + len(chunk.malformed)
     t = flatten_turns(table)
     f = _chunk_features(t, n, state.placeholder_set, state.max_placeholder_len)

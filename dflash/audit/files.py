@@ -1,4 +1,5 @@
-"""Which files are audit inputs, and how they are opened (plain, gzip or zstd), for dflash/audit/readers.py.
+"""Which files are audit inputs, by their names, for dflash/audit/readers.py (how each is read, from its bytes:
+dflash/audit/forms.py).
 
 Input: `audit.input`, a file, a folder or a glob (a hub dataset, `hf:ID`, is dflash/audit/hub.py's). A
 folder contributes every file below it whose name ends (case-insensitively) in `.jsonl`, `.ndjson`, `.json`,
@@ -9,23 +10,17 @@ folder contributes every file below it whose name ends (case-insensitively) in `
 - `dataset_info.json`, `state.json` and `dataset_dict.json` beside Arrow files (a `datasets` cache folder) or
   at a DatasetDict's root are metadata: never rows, never listed as skipped.
 Every other file in the folder is returned as skipped (the report lists them). A file named explicitly, or
-matched by a glob, is read whatever its name: parquet and Arrow by their extension, a JSON array when a `.json`
-starts with `[`, JSONL otherwise; a glob may also match save_to_disk folders.
-Output: paths (files, and save_to_disk folders) and a `kind` per path (`jsonl`, `json`, `parquet`, `arrow`;
-records.row_ref says what a row number means for each). Unreadable bytes (a corrupt gzip stream, a UTF-16
-file) and a broken state.json are UserErrors naming the file; nothing here parses conversations.
+matched by a glob, is read whatever its name; a glob may also match save_to_disk folders.
+Output: paths (files, and save_to_disk folders) and the `kind` a path's name declares (`jsonl`, `json`,
+`parquet`, `arrow`; records.row_ref says what a row number means for each); forms.sniff reads the bytes and
+decides. A broken state.json is a UserError naming the file; nothing here reads rows.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
 import json
-import zlib
 from pathlib import Path
-from typing import BinaryIO
-
-import pyarrow as pa
 
 from dflash.core.errors import UserError
 
@@ -35,7 +30,6 @@ BINARY = ("parquet", "arrow")
 SAVED_STATE = "state.json"  # save_to_disk's: which Arrow files hold the rows, in order
 DATASET_INFO = "dataset_info.json"  # features, splits... (save_to_disk folders and the datasets cache)
 METADATA = (DATASET_INFO, SAVED_STATE, "dataset_dict.json")  # `datasets` metadata, never rows
-_DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException)
 
 
 def input_kind(path: Path) -> str | None:
@@ -113,41 +107,3 @@ def resolve_inputs(spec: str) -> list[Path]:
             f"folders (also read: .ndjson, any case, the text formats with .gz or .zst after them, and hf:DATASET_ID){seen}"
         )
     return files
-
-
-def open_input(path: Path) -> BinaryIO:
-    """A binary stream of the file's bytes, decompressed when its name ends in .gz or .zst."""
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if name.endswith(".zst"):
-        return pa.input_stream(str(path), compression="zstd")  # type: ignore[return-value]
-    return open(path, "rb")
-
-
-def read_block(fh: BinaryIO, size: int, file: str) -> bytes:
-    """fh.read(size); a corrupt compressed stream is a UserError naming the file."""
-    try:
-        return fh.read(size)
-    except _DECOMPRESS_ERRORS as exc:
-        why = " ".join(str(exc).split())
-        raise UserError(f"{file}: cannot be read or decompressed ({type(exc).__name__}: {why})") from None
-
-
-def first_byte(path: Path) -> bytes:
-    """The first byte after a UTF-8 byte-order mark and whitespace (b'' for an empty file). UTF-16 and
-    UTF-32 text (their byte-order marks) is a UserError: the audit reads UTF-8."""
-    with open_input(path) as fh:
-        head = read_block(fh, 4096, str(path))
-    for bom, name in (
-        (b"\xff\xfe\x00\x00", "UTF-32"),
-        (b"\x00\x00\xfe\xff", "UTF-32"),
-        (b"\xff\xfe", "UTF-16"),
-        (b"\xfe\xff", "UTF-16"),
-    ):
-        if head.startswith(bom):
-            raise UserError(
-                f"{path}: {name} text (byte-order mark {bom.hex(' ').upper()}); the audit reads UTF-8: convert it, "
-                f"e.g. `iconv -f {name} -t UTF-8 {path} > out.jsonl`"
-            )
-    return head.lstrip(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1]

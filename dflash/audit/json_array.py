@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dflash.audit.files import open_input, read_block
+from dflash.audit.forms import open_input, read_block
 from dflash.audit.records import Chunk, Malformed, excerpt, python_rows, row_ref, too_deep
 from dflash.core.errors import UserError
 

@@ -1,13 +1,14 @@
 """Raw conversation files -> one normalized layout, streamed chunk by chunk (pyarrow, no torch).
 
-Formats (one row = one conversation; which files are inputs: dflash/audit/files.py):
-- JSONL (`.jsonl`, `.ndjson`, or a `.json` that does not start with `[`): one JSON object per line.
+Formats (one row = one conversation; which files are inputs: dflash/audit/files.py; the form a file is read
+in comes from its bytes, not its name: dflash/audit/forms.py, and each chunk carries it for the report):
+- JSONL (`.jsonl`, `.ndjson`, or text that does not start with `[`): one JSON object per line.
   Row number = 1-based line number (`FILE:line N`); blank lines are not rows. Every other non-blank
   line is exactly one row or one malformed rejection: a line that is not an object ("row is not a
   JSON object"), two objects on a line ("extra data after the object at column N"), an object
   pretty-printed over lines A-B (each of those lines: "looks like a pretty-printed JSON object
   spanning lines A-B"), bad UTF-8, a lone surrogate escape, nesting too deep for the JSON reader.
-- JSON array (`.json` starting with `[`): dflash/audit/json_array.py (`FILE element N (line L)`).
+- JSON array (text starting with `[`, whatever its name): dflash/audit/json_array.py (`FILE element N (line L)`).
 - Columnar inputs, parquet (`.parquet`), Arrow (`.arrow`), `datasets.save_to_disk` folders and a hub split
   (`hf:ID`, dflash/audit/hub.py): dflash/audit/tables.py (`FILE row N`, 0-based; `hf:ID split S row N`).
 An input with no rows (0 bytes, whitespace only, `[]`, a 0-row table) yields one empty chunk marked
@@ -41,15 +42,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from dflash.audit.files import (
-    first_byte,
-    input_kind,
-    open_input,
-    read_block,
-    resolve_inputs,
-    saved_files,
-    scan_inputs,
-)
+from dflash.audit.files import resolve_inputs, saved_files, scan_inputs
+from dflash.audit.forms import open_input, read_block, sniff
 from dflash.audit.hub import HubSpec, is_hub, load_split
 from dflash.audit.json_array import iter_json_array
 from dflash.audit.records import (
@@ -111,8 +105,8 @@ def count_rows(spec: str, hub: HubSpec | None = None) -> int:
         return load_split(hub or HubSpec(spec[len("hf:") :])).num_rows
     total = 0
     for path in resolve_inputs(spec):
-        kind = input_kind(path)
         try:
+            kind = sniff(path).kind
             if kind == "parquet":
                 total += pq.ParquetFile(path).metadata.num_rows
                 continue
@@ -131,18 +125,20 @@ def count_rows(spec: str, hub: HubSpec | None = None) -> int:
 
 
 def _iter_file(path: Path, chunk_bytes: int) -> Iterator[Chunk]:
-    """One input's chunks; an input without any row yields one chunk marked `empty`."""
-    kind = input_kind(path) or "jsonl"  # a file named explicitly is JSONL unless it says otherwise
-    if kind == "parquet":
+    """One input's chunks, read in the form its bytes hold (forms.sniff: the name only where they agree or say
+    nothing); every chunk carries that form; an input without any row yields one chunk marked `empty`."""
+    form = sniff(path)
+    if form.kind == "parquet":
         chunks = iter_parquet(path, chunk_rows(chunk_bytes))
-    elif kind == "arrow":
+    elif form.kind == "arrow":
         chunks = iter_arrow(saved_files(path) if path.is_dir() else [path], str(path), "arrow", chunk_rows(chunk_bytes))
-    elif first_byte(path) == b"[" and kind == "json":
+    elif form.kind == "json":
         chunks = iter_json_array(path, chunk_bytes)
     else:
-        kind = "jsonl"
         chunks = iter_jsonl(path, chunk_bytes)
-    yield from _with_empty(chunks, str(path), kind)
+    for chunk in _with_empty(chunks, str(path), form.kind):
+        chunk.form, chunk.form_note = form.label, form.note
+        yield chunk
 
 
 def _with_empty(chunks: Iterator[Chunk], label: str, kind: str) -> Iterator[Chunk]:

@@ -7,7 +7,8 @@ human/gpt/system/function_call/observation/tool), optionally a top-level `system
 
 `Chunk.table` (RAW_SCHEMA): source_row int64, messages list<MESSAGE>, conversations list<{from, value}>,
 system string, tools string (canonical JSON list, null if absent). `Chunk.malformed` lists the rows that
-could not be read, each with a detail that starts with `row_ref` (the one place that says what a row
+could not be read (reason `malformed`) or hold content parts that are not text (reason `non_text_part`), each
+with a detail that starts with `row_ref` (the one place that says what a row
 number means: `FILE:line N` for JSONL, `FILE element N (line L)` for a JSON array, `FILE row N` for
 parquet). A chunk also carries what its reader noticed about the file: empty, folder files skipped,
 regions that could not be read (a JSON array's syntax error, trailing data). `coerce_record` fixes representation only
@@ -64,7 +65,17 @@ EXCERPT_CHARS = 200
 
 
 class RowError(ValueError):
-    """One input row that cannot be read; the message says what is wrong (the caller adds file:line)."""
+    """One input row that cannot be read; the message says what is wrong (the caller adds file:line).
+    `reason`: the rejection reason it counts under (dflash/audit/checks.py REASONS)."""
+
+    reason = "malformed"
+
+
+class NonTextPart(RowError):
+    """A message whose content holds a part the pipeline cannot train on (an image, audio, a file): readable
+    data, but not text; its own rejection reason, so that a report can say the data is multimodal."""
+
+    reason = "non_text_part"
 
 
 # What a source_row means per reader: JSONL (1-based line), JSON array (0-based element), and 0-based row
@@ -87,6 +98,7 @@ class Malformed:
     row: int  # source_row (see module docstring)
     detail: str  # "REF: what is wrong", REF from row_ref
     excerpt: str  # first ~200 characters of the raw row
+    reason: str = "malformed"  # RowError.reason: malformed, or non_text_part
 
 
 @dataclass
@@ -99,6 +111,8 @@ class Chunk:
     empty: bool = False  # the file holds no rows at all (0 bytes, only whitespace, 0-row parquet)
     skipped: list[str] = field(default_factory=list)  # folder files that are not inputs (first chunk only)
     unreadable: list[dict] = field(default_factory=list)  # regions that could not be read: file, lines, bytes, ...
+    form: str = ""  # what the file was read as, from its bytes (forms.Form.label: "gzip-compressed JSON lines")
+    form_note: str = ""  # where that differs from its name: "read as a JSON array, though named .jsonl"
 
     def ref(self, i: int) -> str:
         """row_ref of table row i."""
@@ -164,13 +178,21 @@ def _str(value: Any, where: str) -> str | None:
 
 
 def _content(value: Any, where: str) -> str | None:
-    """A string, or OpenAI content parts [{"type": "text", "text": ...}] joined into one string."""
+    """A string, or OpenAI content parts [{"type": "text", "text": ...}] joined into one string. A part of
+    another type (image_url, input_audio, file...) is NonTextPart: readable, but nothing to train a text drafter on."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):
         texts = []
         for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                others = sorted({p["type"] for p in value if isinstance(p, dict) and isinstance(p.get("type"), str)})
+                raise NonTextPart(
+                    f"{where}[{i}]: a content part of type {kind!r} (parts: {', '.join(others)}); the pipeline trains on "
+                    "text only: drop the non-text parts or the row at the source"
+                )
+            if kind != "text" or not isinstance(part.get("text"), str):
                 raise RowError(f"{where}[{i}]: only text content parts are supported")
             texts.append(part["text"])
         return "".join(texts)
@@ -337,7 +359,8 @@ def python_rows(
             rec = coerce_record(obj, names)
         except (RowError, RecursionError) as exc:
             why = str(exc) if isinstance(exc, RowError) else "nested too deep to read"
-            malformed.append(Malformed(row, f"{ref}: {why}", excerpt(raw if not parsed else _dumps(obj))))
+            reason = exc.reason if isinstance(exc, RowError) else RowError.reason
+            malformed.append(Malformed(row, f"{ref}: {why}", excerpt(raw if not parsed else _dumps(obj)), reason))
             continue
         rec["source_row"] = row
         rows.append(rec)

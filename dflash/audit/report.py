@@ -93,7 +93,9 @@ def render_report(m: dict, state: AuditState) -> str:
     out.append(
         f"Input: {', '.join(f'`{f}`' for f in m['input_files'])}. **{m['num_rows']}** rows: **{m['num_kept']}** kept "
         f"(`conversations.arrow`), **{m['num_rejected']}** rejected (`rejected.jsonl`, with reasons); "
-        f"{m['num_malformed']} of them unreadable. Tokenizer: {tok}."
+        f"{m['num_malformed']} of them unreadable"
+        + (f", {m['num_non_text_part']} with content parts that are not text" if m.get("num_non_text_part") else "")
+        + f". Tokenizer: {tok}."
     )
     out += _input_notes(m)
     out += ["", "## Gates", "", "| gate | measured | max | action | result |", "|---|---|---|---|---|"]
@@ -183,6 +185,7 @@ def _input_notes(m: dict) -> list[str]:
             f"cache `{h['cache']}`; rows are named `hf:{h['dataset']} split {h['split']} row N` "
             f"(`load_dataset(ID, split=..., revision=...)[N]`).",
         ]
+    out += _forms(m)
     if m.get("empty_files"):
         out += ["", f"Empty files (no rows): {', '.join(f'`{f}`' for f in m['empty_files'])}."]
     if m.get("num_skipped_files"):
@@ -202,6 +205,29 @@ def _input_notes(m: dict) -> list[str]:
             "",
         ]
         out += [f"- `{u['file']}` lines {u['lines'][0]}-{u['lines'][1]}: {u['reason']}" for u in m["unreadable"][:20]]
+    return out
+
+
+def _forms(m: dict) -> list[str]:
+    """What each file was read as (from its bytes: dflash/audit/forms.py), and where that differs from its name."""
+    forms, notes = m.get("input_forms") or {}, m.get("form_notes") or {}
+    if not forms:
+        return []
+    if len(forms) <= 20:
+        read = "; ".join(f"`{f}` {notes.get(f) or 'as ' + what}" for f, what in forms.items())
+        out = ["", f"Read (the form from each file's bytes): {read}."]
+    else:
+        counts: dict[str, int] = {}
+        for what in forms.values():
+            counts[what] = counts.get(what, 0) + 1
+        out = [
+            "",
+            "Read (the form from each file's bytes): " + ", ".join(f"{n} as {w}" for w, n in counts.items()) + ".",
+        ]
+        if notes:
+            more = m.get("num_form_notes", len(notes)) - len(notes)
+            out += ["", f"{m.get('num_form_notes', len(notes))} files are not what their names say:", ""]
+            out += [f"- `{f}`: {note}" for f, note in notes.items()] + ([f"- and {more} more"] if more > 0 else [])
     return out
 
 
@@ -246,6 +272,12 @@ def _advice(m: dict, state: AuditState) -> list[str]:
         lines.append(
             f"{m['num_malformed']} rows could not be read; `rejected.jsonl` names file and line and what is wrong. "
             "Fix them at the source if they matter."
+        )
+    if m.get("num_non_text_part"):
+        lines.append(
+            f"{m['num_non_text_part']} rows hold message content parts that are not text (`non_text_part`: an image, "
+            "audio, a file; `rejected.jsonl` names the part): the data is multimodal, and the drafter trains on text. "
+            "Drop those parts (keep the text parts) or those rows at the source if the rest is worth keeping."
         )
     if m["duplicate_prompt_count"] or m["near_duplicate_prompt_count"]:
         lines.append(

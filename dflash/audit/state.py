@@ -155,6 +155,8 @@ class AuditState:
         self.files: set[str] = set()
         self.kinds: dict[str, str] = {}  # file -> its reader's kind (records.row_ref: what a row number means)
         self.file_list: list[str] = []  # file of each ref code
+        self.forms: dict[str, str] = {}  # file -> what it was read as (dflash/audit/forms.py)
+        self.form_notes: dict[str, str] = {}  # file -> how that differs from its name
         self.empty_files: list[str] = []
         self.skipped_files: list[str] = []
         self.unreadable: list[dict] = []  # regions of input files that could not be read (JSON arrays)
@@ -176,10 +178,14 @@ class AuditState:
         self.tokens: Any = None  # the run's TokenPath once a chunk was tokenized (summary() -> metrics)
 
     def note_chunk(self, chunk) -> None:
-        """What the reader noticed about the chunk's file: its kind, empty, skipped folder files, unread regions."""
+        """What the reader noticed about the chunk's file: its kind and form, empty, skipped folder files, unread regions."""
         if chunk.file not in self.kinds:
             self.kinds[chunk.file] = chunk.kind
             self.file_list.append(chunk.file)
+            if chunk.form:
+                self.forms[chunk.file] = chunk.form
+            if chunk.form_note:
+                self.form_notes[chunk.file] = chunk.form_note
         if chunk.empty:
             self.empty_files.append(chunk.file)
         self.skipped_files += chunk.skipped
@@ -272,9 +278,9 @@ class AuditState:
     def metrics(self, tokenizer: str | None) -> dict:
         p, c = self.params, self.counts
         n_rows, n_conv = self.num_rows, c["conversations"]
-        n_malformed = self.reasons["malformed"]
+        n_malformed, n_non_text = self.reasons["malformed"], self.reasons["non_text_part"]
         assert self.num_kept + self.rows_rejected == n_rows, "every input row is kept or rejected"
-        assert n_conv + n_malformed == n_rows
+        assert n_conv + n_malformed + n_non_text == n_rows
 
         def frac(k: int, d: int) -> float:
             return round(k / d, 6) if d else 0.0
@@ -300,6 +306,7 @@ class AuditState:
             "num_rows": n_rows,
             "num_conversations": n_conv,
             "num_malformed": n_malformed,
+            "num_non_text_part": n_non_text,  # readable rows with image / audio / file content parts
             "num_kept": self.num_kept,
             "num_rejected": self.rows_rejected,
             "kept_plus_rejected_equals_rows": self.num_kept + self.rows_rejected == n_rows,
@@ -336,6 +343,9 @@ class AuditState:
             "tokenizer": tokenizer,
             "token_sample": self.tokens.summary() if tokenizer and self.tokens is not None else None,
             "input_files": sorted(self.files),
+            "input_forms": {f: self.forms[f] for f in sorted(self.forms)[:1000]},  # file -> what it was read as
+            "form_notes": {f: self.form_notes[f] for f in sorted(self.form_notes)[:100]},  # where its name differs
+            "num_form_notes": len(self.form_notes),
             "empty_files": self.empty_files,
             "skipped_files": self.skipped_files[:100],
             "num_skipped_files": len(self.skipped_files),

@@ -64,6 +64,7 @@ class Endpoint:
 
     def __init__(self, session: aiohttp.ClientSession, url: str, g: GenerateParams, model: str, vocab_size: int):
         self.session, self.url, self.g, self.model, self.vocab_size = session, url.rstrip("/"), g, model, vocab_size
+        self.max_model_len = g.max_model_len  # the server's own once identify() read its /models card
 
     async def complete(self, req: Request, max_tokens: int | None = None) -> Completion:
         """POST /completions for `req`; the reply validated (dflash.generate.servers.parse_reply). ServerError on
@@ -87,7 +88,7 @@ class Endpoint:
             raise ServerError(self.url, f"connection failed: {type(exc).__name__}: {exc}") from None
         if status != 200:
             raise http_failure(self.url, status, body, retry_after)
-        return parse_reply(self.url, body, ctype, req.ids, budget, self.vocab_size)
+        return parse_reply(self.url, body, ctype, req.ids, budget, self.vocab_size, max_model_len=self.max_model_len)
 
     async def _get(self, path: str, timeout: float) -> tuple[int, bytes]:
         async with self.session.get(path, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
@@ -103,7 +104,8 @@ class Endpoint:
 
     async def identify(self) -> str:
         """The engine version at /version ("" when unsaid) of a server whose /models lists the expected model with
-        generate.max_model_len (else UserError: a setup mistake); ServerError when /models does not answer."""
+        generate.max_model_len (else UserError: a setup mistake); ServerError when /models does not answer. Keeps
+        the card's max_model_len (generate.max_model_len where it has none) for the replies' "length" check."""
         try:
             status, body = await self._get(self.url + "/models", HEALTH_TIMEOUT_S * 6)
             cards = json.loads(body) if status == 200 else None
@@ -111,7 +113,7 @@ class Endpoint:
             raise ServerError(self.url, f"/models did not answer ({type(exc).__name__}: {exc})") from None
         if cards is None:
             raise ServerError(self.url, f"/models answered HTTP {status}")
-        check_model_card(self.url, cards, self.model, self.g)
+        self.max_model_len = check_model_card(self.url, cards, self.model, self.g) or self.g.max_model_len
         try:
             status, body = await self._get(root_url(self.url) + "/version", HEALTH_TIMEOUT_S)
             version = json.loads(body).get("version", "") if status == 200 else ""

@@ -8,9 +8,10 @@ server serves the expected model, the completion request of a turn, and the vali
     check_servers(urls, model, g)    GET {url}/models lists `model` (and max_model_len >= generate.max_model_len
                                      where exposed), else a UserError naming the URL and both values
     request_body(req, g, model)      the POST {url}/completions body of one turn (token ids in, token ids out)
-    parse_reply(url, body, ...)      a 200 answer validated before anything of it is stored (ids inside the
-                                     target's vocabulary, <= max_tokens, known finish reason, the prompt echo),
-                                     else a ServerError quoting what the server sent
+    parse_reply(url, body, ...)      a 200 answer validated before anything of it is stored (exactly one choice,
+                                     ids inside the target's vocabulary, <= max_tokens, a known finish reason,
+                                     "length" only where the request ran out of max_tokens or of the server's
+                                     context, the prompt echo), else a ServerError quoting what the server sent
     healthy(url)                     GET <url without /v1>/health answers 200 (blocking)
 
 A base URL is what OpenAI clients take (http://node7:8000/v1); /health and /version live beside /v1. Only the
@@ -99,9 +100,11 @@ def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
         return False
 
 
-def check_model_card(url: str, cards: Any, model: str, g: GenerateParams) -> None:
+def check_model_card(url: str, cards: Any, model: str, g: GenerateParams) -> int | None:
     """The /models listing of `url` serves `model` with at least generate.max_model_len, else a UserError naming
-    the URL and both values (a server of another model or context is a setup mistake, not a sick node)."""
+    the URL and both values (a server of another model or context is a setup mistake, not a sick node). Returns
+    the card's `max_model_len` (vLLM reports it; None where the server does not say): the context a "length"
+    finish may fill (parse_reply)."""
     cards = cards.get("data", []) if isinstance(cards, dict) else []
     ids = [c.get("id") for c in cards if isinstance(c, dict)]
     card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model), None)
@@ -116,6 +119,7 @@ def check_model_card(url: str, cards: Any, model: str, g: GenerateParams) -> Non
             f"generate.server_urls: {url} serves {model!r} with max_model_len {mml}, below "
             f"generate.max_model_len {g.max_model_len} (start it with --max-model-len {g.max_model_len})"
         )
+    return mml if isinstance(mml, int) and not isinstance(mml, bool) else None
 
 
 def server_version(url: str) -> str:
@@ -199,11 +203,20 @@ def http_failure(url: str, status: int, body: bytes, retry_after: str | None) ->
 
 
 def parse_reply(
-    url: str, body: bytes, content_type: str, sent: Sequence[int], max_tokens: int, vocab_size: int
+    url: str,
+    body: bytes,
+    content_type: str,
+    sent: Sequence[int],
+    max_tokens: int,
+    vocab_size: int,
+    max_model_len: int | None = None,
 ) -> Completion:
     """Validate a 200 answer to the completion of prompt `sent` before anything of it is stored: JSON with
-    choices[0].token_ids, every id an int in [0, vocab_size), at most max_tokens of them (at least one), a
-    known finish reason, and the prompt_token_ids echo (where the server sends one) equal to `sent`.
+    exactly one choice (the request asks for n = 1), its token_ids every one an int in [0, vocab_size), at most
+    max_tokens of them (at least one), a known finish reason, and the prompt_token_ids echo (where the server
+    sends one) equal to `sent`. A "length" finish must be one: max_tokens ids, or the prompt and the completion
+    filling `max_model_len` (the server's context, from its /models card; None: only max_tokens ids are a
+    "length"), else the server cut the answer short and later turns would be skipped for nothing.
     A ServerError says what was wrong, quoting the server."""
     try:
         out = _loads(body)
@@ -212,6 +225,8 @@ def parse_reply(
     choices = out.get("choices") if isinstance(out, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ServerError(url, f"reply with no choices: {snippet(json.dumps(out))}")
+    if len(choices) != 1:
+        raise ServerError(url, f"{len(choices)} choices for a request of one (n = 1): {snippet(json.dumps(out), 120)}")
     choice = choices[0]
     ids = choice.get("token_ids")
     if ids is None:
@@ -243,6 +258,13 @@ def parse_reply(
     finish = choice.get("finish_reason")
     if finish not in FINISH_REASONS:
         raise ServerError(url, f"finish_reason {finish!r}, expected one of {FINISH_REASONS}")
+    if finish == "length" and len(ids) < max_tokens and len(sent) + len(ids) != max_model_len:
+        context = f"max_model_len {max_model_len}" if max_model_len else "a max_model_len it does not report"
+        raise ServerError(
+            url,
+            f'finish_reason "length" after {len(ids)} token ids, below max_tokens {max_tokens}, with '
+            f"{len(sent)} + {len(ids)} tokens short of the server's {context} (an answer cut short)",
+        )
     text = choice.get("text")
     if text is not None and not isinstance(text, str):
         raise ServerError(url, f"choices[0].text is {type(text).__name__}, not a string")

@@ -68,6 +68,33 @@ def test_a_bad_reply_is_a_server_error_saying_what_was_sent(body, why):
     assert str(err.value).startswith("http://n1:8000/v1: ") and "\n" not in str(err.value)
 
 
+def test_a_reply_is_checked_against_the_request_one_choice_and_an_honest_length_finish():
+    two = json.dumps({"choices": [json.loads(_reply())["choices"][0]] * 2}).encode()
+    with pytest.raises(ServerError, match=r"2 choices for a request of one \(n = 1\)"):
+        parse_reply("u", two, "", [7, 8], 16, VOCAB, max_model_len=64)
+    # "length" is honest with max_tokens ids, or with the prompt and the completion filling the server's context.
+    assert parse_reply("u", _reply(finish_reason="length"), "", [7, 8], 3, VOCAB).finish_reason == "length"
+    assert parse_reply("u", _reply(finish_reason="length"), "", [7, 8], 16, VOCAB, max_model_len=5).token_ids == [
+        1,
+        2,
+        3,
+    ]
+    for mml, said in ((64, "max_model_len 64"), (None, "a max_model_len it does not report")):
+        with pytest.raises(
+            ServerError, match=rf'"length" after 3 token ids, below max_tokens 16, with 2 \+ 3 .*{said}'
+        ):
+            parse_reply("u", _reply(finish_reason="length"), "", [7, 8], 16, VOCAB, max_model_len=mml)
+
+
+def test_the_model_card_gives_the_servers_context():
+    from dflash.generate.servers import check_model_card
+
+    g = repo_params().generate
+    card = {"data": [{"id": "m", "max_model_len": g.max_model_len + 100}]}
+    assert check_model_card("u", card, "m", g) == g.max_model_len + 100
+    assert check_model_card("u", {"data": [{"id": "m"}]}, "m", g) is None  # not said: the client uses its own
+
+
 def test_retry_after_and_which_http_answers_are_backoffs():
     assert retry_after_s("2") == 2.0 and retry_after_s(" 0.5 ") == 0.5
     assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past: now

@@ -1,6 +1,7 @@
 """Generate's servers backend against a sick cluster: fake OpenAI servers on 127.0.0.1
 (benchmarks/fake_openai_servers.py) that send ids outside the vocabulary, negative or string ids, an HTML page,
-no token_ids, no choices, HTTP 429 + Retry-After, or hang past the timeout.
+no token_ids, no choices, two choices for a request of one, a "length" finish short of max_tokens and of the
+context (an answer cut short), HTTP 429 + Retry-After, or hang past the timeout.
 
 Each misbehaviour runs through the real stage entry point (`stages.generate` via dflash.core.cli, in this
 process, against a target folder that holds only a config and the real Qwen3 tokenizer: the servers backend
@@ -125,6 +126,9 @@ MISBEHAVIOURS = {
     "html": r"not JSON \(text/html\).*502 Bad Gateway",
     "no_token_ids": r"without choices\[0\]\.token_ids",
     "no_choices": r"no choices",
+    "two_choices": r"2 choices for a request of one \(n = 1\)",
+    "early_length": r'finish_reason "length" after \d+ token ids, below max_tokens 64, .* short of the server\'s '
+    r"max_model_len 1024",
     "throttle": r"HTTP 429.*Retry-After 1",
     "hang": r"no reply within 5(\.0)? s",
 }
