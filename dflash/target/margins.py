@@ -22,7 +22,7 @@ from dflash.target.synthetic import conversation
 MARGIN_BOUNDS = (0.01, 0.1, 1.0)  # the shares reported: decisions whose margin is below each
 NEAR_TIE_MARGIN = 0.1  # a decision below this margin is a near-tie (the gate's figure, near_tie_frac)
 SAMPLE_SEED_OFFSET = 7919  # the margin sample's own seed (base.seed + this): not the pre-training corpus's prompts
-BATCH = 32  # prompts decoded together (left-padded)
+BATCH = 16  # prompts decoded together (left-padded)
 
 
 @dataclass(frozen=True)
@@ -87,39 +87,49 @@ def summarize(margins: Sequence[float], prompts: int) -> MarginReport:
 def greedy_margins(model: Any, tokenizer: Any, prompts: list[list[dict]], max_tokens: int, chat: dict) -> list[float]:
     """The margin of every greedy decision when `model` completes each prompt (chat template with the keyword
     arguments `chat`, generation prompt), up to EOS or `max_tokens`; the decisions after a sequence's EOS are not
-    counted."""
+    counted. Decodes BATCH prompts at a time (left-padded, with the KV cache), keeping one step's logits only."""
     import torch
 
-    eos = model.config.eos_token_id
-    pad = model.config.pad_token_id
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
     out: list[float] = []
-    for start in range(0, len(prompts), BATCH):
-        texts = [
-            render_text(tokenizer, p, add_generation_prompt=True, kwargs=chat) for p in prompts[start : start + BATCH]
-        ]
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        width = max(len(i) for i in ids)
-        input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
-        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
-        with torch.no_grad():
-            gen = model.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=max_tokens,
-                eos_token_id=eos,
-                pad_token_id=pad,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        steps = torch.stack(gen.logits, dim=1)  # (batch, steps, vocab)
-        margins = top2_margins(steps)
-        chosen = gen.sequences[:, width:]
-        for row in range(len(ids)):
-            for step in range(chosen.shape[1]):
-                out.append(float(margins[row, step]))
-                if int(chosen[row, step]) == eos:
-                    break
+    with torch.inference_mode():
+        for start in range(0, len(prompts), BATCH):
+            out.extend(_batch_margins(model, tokenizer, prompts[start : start + BATCH], max_tokens, chat, eos, pad))
+    return out
+
+
+def _batch_margins(model: Any, tokenizer: Any, batch: list, max_tokens: int, chat: dict, eos: int, pad: int) -> list:
+    """greedy_margins of one left-padded batch."""
+    import torch
+
+    out: list[float] = []
+    ids = [tokenizer(render_text(tokenizer, p, True, chat), add_special_tokens=False)["input_ids"] for p in batch]
+    width = max(len(i) for i in ids)
+    tokens = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+    mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    step = model(
+        input_ids=tokens,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    alive = torch.ones(len(ids), dtype=torch.bool)
+    for _ in range(max_tokens):
+        logits = step.logits[:, -1]
+        margins, chosen = top2_margins(logits), logits.argmax(-1)
+        out.extend(float(m) for m in margins[alive])
+        alive &= chosen != eos
+        if not alive.any():
+            break
+        mask = torch.cat([mask, torch.ones(len(ids), 1, dtype=mask.dtype)], dim=1)
+        step = model(
+            input_ids=chosen[:, None],
+            attention_mask=mask,
+            position_ids=mask.sum(-1, keepdim=True) - 1,
+            past_key_values=step.past_key_values,
+            use_cache=True,
+        )
     return out
 
 
