@@ -24,7 +24,7 @@ def _stage(tmp_path, target, *overrides):
 
 @pytest.mark.slow  # two stage runs (builds of ~90 MB targets)
 def test_the_stage_fails_naming_the_near_tie_share_and_writes_the_report(tmp_path):
-    proc = _stage(tmp_path, tmp_path / "target")
+    proc = _stage(tmp_path, tmp_path / "target", "target.tiny.gates.near_tie_frac.action=fail")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     report = json.loads((tmp_path / "reports" / "target.json").read_text())
     assert report["near_tie_frac"] > 0.5 and report["margin_decisions"] == 8 and report["margin_prompts"] == 2
