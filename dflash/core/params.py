@@ -38,6 +38,13 @@ class BaseParams:
 
 
 @dataclass(frozen=True)
+class TargetGates:
+    """The target stage's gate; it names the target.json metric it compares."""
+
+    near_tie_frac: GateParams  # share of greedy decisions whose top-1 minus top-2 logit is below 0.1 (a last-bit float difference can flip them)
+
+
+@dataclass(frozen=True)
 class TinyTargetParams:
     """Geometry and CPU pre-training of the embedded tiny Qwen3 target (target.source: tiny)."""
 
@@ -60,6 +67,9 @@ class TinyTargetParams:
     batch_size: int  # conversations per step
     max_length: int  # tokens per packed training row (conversations are concatenated, then cut)
     lr: float  # AdamW peak learning rate (cosine to 10%)
+    margin_prompts: int  # fixed prompts of its task families (dflash.target.margins) whose greedy decisions' margins target.json reports (0 = none)
+    margin_max_tokens: int  # greedy tokens decoded per margin prompt (EOS ends one earlier)
+    gates: TargetGates  # each: max (largest acceptable share, crossed when above) and action (auto | fail | report)
 
 
 @dataclass(frozen=True)

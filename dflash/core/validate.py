@@ -59,6 +59,8 @@ TINY = {  # target.tiny: every size of the embedded tiny target
     "batch_size": at_least(1),
     "max_length": at_least(2),
     "lr": POSITIVE,
+    "margin_prompts": at_least(0),  # 0 = no margin report, no gate
+    "margin_max_tokens": at_least(1),
 }
 HYBRID_EVERY = 4  # qwen3_next tiny target: every 4th layer is full attention (the Qwen3.5 / 3.6 pattern, 3 : 1)
 

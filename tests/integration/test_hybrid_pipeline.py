@@ -21,6 +21,7 @@ SMALL = [
     # A few pre-training steps: random weights give near-tied logits, whose argmax differs between the engine's
     # batch shapes in bfloat16 (eval reports it); a little training makes greedy choices clear.
     "target.tiny.steps=20",
+    "target.tiny.margin_prompts=0",  # no margin report: an untrained target's decisions are near-ties (its gate)
     "target.tiny.corpus_size=200",
     "target.tiny.batch_size=8",
     "target.tiny.max_length=128",

@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 # Overrides of params.yaml for the tiny run (section.key=value, as in `dvc exp run -S`).
 TINY = [
     "target.tiny.steps=0",  # untrained weights: built in seconds
+    "target.tiny.margin_prompts=0",  # no margin report: an untrained target's decisions are near-ties (its gate)
     *NARROW_TARGET,  # a ~90 MB target to push and pull
     "audit.input=data/tiny.jsonl",  # written by the fixture: 16 conversations of data/sample
     "generate.pilot_samples=4",
