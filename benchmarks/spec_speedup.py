@@ -17,6 +17,7 @@ held-out split `${tokenize.out}/eval`. Output: the tables on stdout (markdown), 
 
     nice -n 10 python benchmarks/spec_speedup.py --rounds 5 --prompts 8 --concurrency 1 4 --json /tmp/speedup.json
     nice -n 10 python benchmarks/spec_speedup.py --extra-drafter artifacts/train_pruned/drafter
+    nice -n 10 python benchmarks/spec_speedup.py -S base.target_dir=T -S train.out=D -S tokenize.out=E  # other inputs
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(REPO / "params.yaml"))
     ap.add_argument("--overlay", action="append", default=[])
+    ap.add_argument("-S", dest="overrides", action="append", default=[], help="SECTION.KEY=VALUE, as the stages take")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per concurrency")
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per run (the first N that fit)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=None, help="default: 1 and eval.max_num_seqs")
@@ -120,7 +122,7 @@ def breakdown_table(summaries: dict[str, SpeedSummary]) -> list[str]:
 
 def main() -> None:
     args = _args()
-    params = load_params(args.params, overlays=args.overlay)
+    params = load_params(args.params, args.overrides, args.overlay)
     from dflash.core.hf import load_tokenizer
     from dflash.core.target_config import resolve
     from dflash.eval.stage import load_prompts, split_by_length, stop_token_ids
