@@ -275,7 +275,9 @@ def run(params: Params) -> EvalRun:
         speed = eval_speedup(e, pair, [p["prompt_ids"] for p in prompts], stops, params.base.seed)
         for name, summary in speed.items():
             engines[name]["interleaved"] = summary
-        log.info("eval: interleaved speedup %s", speed["dflash"]["speedup"])
+        log.info(
+            "eval: interleaved speedup %.3f (median of %d rounds)", speed["dflash"]["speedup"]["median"], e.speed_rounds
+        )
     reference = _reference(params, info, drafter_dir, sets, stops) if e.reference else None
     prompt_sets = set_rows(meta, engines, reference, e.temperature == 0)
     report = build_report(e, dcfg, prompts, skipped, engines, reference, prompt_sets, unservable)
