@@ -226,6 +226,22 @@ class PlanTrainParams:
 
 
 @dataclass(frozen=True)
+class PlanServingParams:
+    """Serving speed the plan predicts (dflash/plan/serving.py): speculative decoding against plain decoding on the
+    planned hardware, with the whole vocabulary and with a pruned draft vocabulary."""
+
+    acceptance: list[
+        float
+    ]  # acceptance per drafted position (P(position k accepted)); [] = assumed_tau, or eval.json's when assumed_tau is 0
+    assumed_tau: float  # tau assumed when no acceptance is given (spread geometrically over the drafted positions); 0 = eval.json's acceptance
+    draft_vocab_size: int  # the pruned draft vocabulary compared with the whole one (rows of the drafter's lm_head); 0 = no comparison
+    draft_vocab_coverage: (
+        float  # share of target tokens inside that vocabulary (position k is accepted with coverage^k of its rate)
+    )
+    batch_sizes: list[int]  # concurrent sequences per engine the prediction is made at (1 = latency)
+
+
+@dataclass(frozen=True)
 class PlanParams:
     """Stage `plan`: time, memory and cost estimates from configs, a GPU profile and measurements."""
 
@@ -255,6 +271,7 @@ class PlanParams:
     dataset: PlanDatasetParams
     generation: PlanGenerationParams
     train_assumptions: PlanTrainParams
+    serving: PlanServingParams
 
 
 @dataclass(frozen=True)
@@ -354,6 +371,8 @@ class EvalParams:
     enforce_eager: bool  # skip CUDA graphs / compilation (faster start; CPU demo)
     engine_core_process: bool  # run vLLM's engine core in its own process (vLLM's default: overlaps scheduling with the model on GPUs); false = inside the worker (~16 s less start-up per engine on a 2-core CPU)
     engine_timeout_s: int  # seconds one engine configuration may take (start + run) before it is killed
+    speed_rounds: int  # speedup: interleaved rounds of plain decoding and the drafter on the same prompts (dflash/eval/speed.py); 0 = from the engines' own timed runs, one after another
+    speed_prompts: int  # held-out prompts of each speed round (the first N; 0 = all)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@
   prompt_sets.py named prompt sets beside the held-out split (local files, hub datasets), their table
   reference.py   the PyTorch reference evaluator (transformers target + DraftSession): every drafter.kind
                  decoded as vLLM drafts it, greedy or rejection sampling at eval.reference_temperatures
+  speed.py       speedup measured side by side: engines kept alive in workers, run in interleaved rounds on the
+                 same prompts, with the step time split into target forward / drafting / the rest (also
+                 benchmarks/spec_speedup.py)
   report.py      eval.json, eval.md, the acceptance plot table
   stage.py       the stage: prompts, engines in turn, the reference, the reports
 

@@ -160,13 +160,28 @@ def _drain(
     return {"tokens": tokens, "steps": steps, "finish_reasons": finish}
 
 
+def request_sampling(cfg: dict, max_tokens: int, seed: int) -> Any:
+    """vLLM SamplingParams of one timed request (inside a worker): the eval's temperature and stop ids, token ids
+    only, each step's new tokens (DELTA)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=cfg["temperature"],
+        max_tokens=max_tokens,
+        seed=seed,
+        stop_token_ids=cfg["stop_ids"],
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
 def _measure(cfg: dict, tell: Callable[[str, Any], None] = lambda kind, value: None) -> tuple[Any, dict]:
     """Inside the worker: start the engine, warm it up, run the prompts, read the counters. `tell` reports
     ("started", seconds) once the engine is up and warm, then ("finished", n) as requests finish."""
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm import __version__ as vllm_version
     from vllm.platforms import current_platform
-    from vllm.sampling_params import RequestOutputKind
 
     t0 = time.perf_counter()
     llm = LLM(**cfg["engine_kwargs"])
@@ -174,14 +189,7 @@ def _measure(cfg: dict, tell: Callable[[str, Any], None] = lambda kind, value: N
     engine = llm.llm_engine
 
     def sampling(max_tokens: int, seed: int) -> Any:
-        return SamplingParams(
-            temperature=cfg["temperature"],
-            max_tokens=max_tokens,
-            seed=seed,
-            stop_token_ids=cfg["stop_ids"],
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        return request_sampling(cfg, max_tokens, seed)
 
     sets = cfg["prompt_sets"]  # [(name, prompts)], the held-out split first
     _drain(engine, sets[0][1][:1], [sampling(WARMUP_TOKENS, 0)], "warmup-")

@@ -5,7 +5,8 @@ bookkeeping over what dflash/eval/engines.py measured; no vLLM.
 eval.json keys (the contract): tau, tau_reference, tau_untrained, tau_ngram (null when that configuration
 did not run; tau is null when this host's vLLM cannot serve the drafter's kind, notes say why), tau_reference_by_
 temperature (the reference's tau, and at T > 0 its expected tau, at each eval.reference_temperatures), acceptance (pos_k: the share of drafts whose first k drafted tokens were accepted), speedup
-(dflash output tok/s / no-speculation tok/s; null without the `none` engine), num_prompts,
+(dflash output tok/s / no-speculation tok/s, the median of the interleaved rounds' paired ratios when
+eval.speed_rounds > 0, dflash/eval/speed.py; null without the `none` engine), num_prompts,
 greedy_identical_frac, reference_gap (all of the held-out split), prompt_sets (per named set, the held-out split
 included as `heldout`: the drafter's tau, the reference's, drafts, acceptance and accepted counts per position;
 dflash/eval/prompt_sets.py). eval_details.json adds prompt_set_details (every engine per set),
@@ -98,12 +99,17 @@ def build_report(
             "output_tokens": r["output_tokens"],
             "wall_s": r["wall_s"],
             "output_tokens_per_s": r["output_tokens_per_s"],
-            "speedup": r["output_tokens_per_s"] / none["output_tokens_per_s"]
+            "speedup_sequential": r["output_tokens_per_s"] / none["output_tokens_per_s"]
             if none and none["output_tokens_per_s"] and r["output_tokens_per_s"]
             else None,
             "engine_start_s": r["engine_start_s"],
             "finish_length_frac": sum(f == "length" for f in r["finish_reasons"]) / len(ids),
         }
+        # the interleaved rounds' paired median (dflash/eval/speed.py) when they ran, else the sequential ratio
+        d["interleaved"] = speed = r.get("interleaved")
+        d["speedup"] = d["speedup_sequential"]
+        if speed:
+            d["speedup"] = speed["speedup"]["median"] if speed["speedup"] else 1.0  # none: the baseline itself
         if greedy and none and name != "none":
             d["greedy_identical_frac"] = _identical(r["tokens"], none["tokens"])
             d["greedy_mismatches"] = _first_mismatches(ids, r["tokens"], none["tokens"])
@@ -225,6 +231,18 @@ def _fmt(x: Any, nd: int = 2) -> str:
     return str(x)
 
 
+def _speed_note(speed: dict | None) -> str:
+    if not speed:
+        return "speedup = output tok/s over plain decoding's, the engines timed one after another."
+    sp, b = speed["speedup"], speed["breakdown_ms_per_step"]
+    return (
+        f"speedup = the median of {speed['rounds']} interleaved rounds' paired ratios over plain decoding "
+        f"({speed['num_prompts']} prompts each; min {_fmt(sp['min'])}, max {_fmt(sp['max'])}); the drafter's engine "
+        f"step: {_fmt(b['step'], 1)} ms, target forward {_fmt(b['target_forward'], 1)}, drafting "
+        f"{_fmt(b['drafting'], 1)} (its logits {_fmt(b['draft_logits'], 1)}), rest {_fmt(b['rest'], 1)}."
+    )
+
+
 def markdown(report: dict) -> str:
     r = report
     lines = [
@@ -249,7 +267,8 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "tau = 1 + accepted / drafts over steps that carried a draft; tokens / step = output tokens per engine "
-        "step that produced tokens (prefill included), which also counts n-gram steps without a match.",
+        "step that produced tokens (prefill included), which also counts n-gram steps without a match. "
+        + _speed_note(r["engines"].get("dflash", {}).get("interleaved")),
         "",
     ]
     if r.get("prompt_set_details"):

@@ -19,6 +19,9 @@ the same prompts with the same sampling settings:
   ngram      vLLM's prompt-lookup proposer ({"method": "ngram", prompt_lookup_min / max})
   none       no speculation: the throughput baseline (speedup) and, at temperature 0, the greedy output
              that every speculative configuration must reproduce
+The speedup (eval.speed_rounds > 0): plain decoding and the trained drafter again, each engine kept alive in its
+worker and run in interleaved rounds on the first eval.speed_prompts held-out prompts (dflash/eval/speed.py), the
+median of the per-round ratios; 0 = the ratio of the timed runs above, measured one after another.
 How tau, acceptance per position and throughput are read from the engine: dflash/eval/engines.py.
 Reports: dflash/eval/report.py. The reference evaluator: dflash/eval/reference.py.
 """
@@ -40,6 +43,7 @@ from dflash.core.validate import check_eval
 from dflash.eval.engines import engine_kwargs, run_engine, speculative_config, unservable_reason
 from dflash.eval.progress import reference_bar
 from dflash.eval.prompt_sets import HELDOUT, load_prompt_set, set_rows
+from dflash.eval.speed import eval_speedup
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +247,7 @@ def run(params: Params) -> EvalRun:
         if "untrained" in run:
             dirs["untrained"] = str(_untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp)))
         del drafter
+        speed_kwargs: dict[str, dict] = {}
         for name in run:
             spec = speculative_config(name, e, dirs.get(name, ""), dcfg.block_size, dcfg.kind)
             cfg = {
@@ -256,6 +261,7 @@ def run(params: Params) -> EvalRun:
             }
             log.info("eval: engine %s (speculative_config %s)", name, spec)
             engines[name] = {"speculative_config": spec, **run_engine(name, cfg, e.engine_timeout_s)}
+            speed_kwargs[name] = cfg["engine_kwargs"]
             r = engines[name]
             log.info(
                 "eval: %s tau %s, %.1f output tok/s, %.2f tokens/step",
@@ -264,6 +270,14 @@ def run(params: Params) -> EvalRun:
                 r["output_tokens_per_s"] or 0.0,
                 r["tokens_per_step"],
             )
+    if e.speed_rounds and {"dflash", "none"} <= set(engines):  # the speedup from interleaved rounds (speed.py)
+        pair = {name: speed_kwargs[name] for name in ("none", "dflash")}
+        speed = eval_speedup(e, pair, [p["prompt_ids"] for p in prompts], stops, params.base.seed)
+        for name, summary in speed.items():
+            engines[name]["interleaved"] = summary
+        log.info(
+            "eval: interleaved speedup %.3f (median of %d rounds)", speed["dflash"]["speedup"]["median"], e.speed_rounds
+        )
     reference = _reference(params, info, drafter_dir, sets, stops) if e.reference else None
     prompt_sets = set_rows(meta, engines, reference, e.temperature == 0)
     report = build_report(e, dcfg, prompts, skipped, engines, reference, prompt_sets, unservable)

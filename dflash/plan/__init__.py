@@ -7,14 +7,16 @@ plan came once the stages ran.
   sizing.py       bytes a target loads and reads per decode step, KV / Gated DeltaNet cache, decode FLOPs
   generation.py   generation: roofline decode per vLLM engine, cache capacity, the generate pilot's rate and drain
   training.py     training: FLOPs per sequence, per-GPU memory and time per device layout, the training pilot
+  serving.py      the predicted speedup of speculative decoding (plan.serving): draft + verification step roofline,
+                  with the whole and a pruned draft vocabulary, and the training the pruned one saves
   deadline.py     plan.deadline_hours: the smallest cluster (nodes x GPUs) that meets it, gradient all-reduce included
   calibration.py  planned vs measured per stage (plan.json["calibration"])
   published.py    the pre-pilot model against published measured runs (params/published/runs.yaml)
   assumptions.py  the modelling choices in words, what the model leaves out
   result.py       the typed Plan and its JSON
   estimate.py     build_plan / make_plan: reads the inputs, runs the estimates above
-  report.py       plan.md, section by section (report_generation.py, report_training.py, report_deadline.py,
-                  report_checks.py; number formatting in report_format.py)
+  report.py       plan.md, section by section (report_generation.py, report_training.py, report_serving.py,
+                  report_deadline.py, report_checks.py; number formatting in report_format.py)
 
 May import: dflash.core, dflash.drafter (its torch-free geometry and flops only). No torch.
 """

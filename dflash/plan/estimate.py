@@ -38,6 +38,7 @@ from dflash.plan.inputs import dataset_inputs, load_target, load_tokenizer_facts
 from dflash.plan.measured import read_generate_run, read_train_pilot, read_train_run
 from dflash.plan.published import check_runs
 from dflash.plan.result import Plan, ScalingRow
+from dflash.plan.serving import plan_serving
 from dflash.plan.settings import generation_settings, planned_max_num_seqs, train_settings
 from dflash.plan.training import training_at, training_estimate
 
@@ -99,6 +100,8 @@ def build_plan(params: Params) -> Plan:
         layout = "split" if params.train.target_device != params.train.drafter_device else "data_parallel"
         calibration.append(train_calibration(plan, target, drafter, hw, ta, data, train_run, pilot, layout))
     published = check_runs() if Path("params.yaml").exists() else []
+    context = gen.memory.resident_context_tokens
+    serving = plan_serving(params, target, drafter, hw, gs, ta, plan.weight_dtype, data, context, pilot)
     summary = {  # reports/plan.json, the DVC metrics: the few numbers worth diffing between experiments
         "hardware": plan.hardware,
         "num_gpus": plan.num_gpus,
@@ -121,6 +124,8 @@ def build_plan(params: Params) -> Plan:
         summary["deadline"] = deadline.summary()
     if calibration:
         summary["calibration"] = calibration_summary(calibration)
+    if serving is not None:
+        summary["serving_speedup_batch1"] = serving.rows[0].speedup
     result = Plan(
         summary=summary,
         inputs={
@@ -154,6 +159,7 @@ def build_plan(params: Params) -> Plan:
         deadline=deadline,
         calibration=calibration,
         published=published,
+        serving=serving,
     )
     result.assumptions = assumptions(params, target, hw, gs, ta, result) + (
         deadline_assumptions(deadline) if deadline else []

@@ -185,23 +185,31 @@ class GenerationEstimate:
     cost_usd: float | None = None
 
 
-def decode_step(t, hw: GpuProfile, gp: GenerationSettings, weight_read_bytes, batch, context, tp) -> DecodeStep:
-    """One decode step of one engine at `batch` sequences of `context` cached tokens each."""
+def decode_step(
+    t, hw: GpuProfile, gp: GenerationSettings, weight_read_bytes, batch, context, tp, tokens_per_seq: int = 1
+) -> DecodeStep:
+    """One decode step of one engine at `batch` sequences of `context` cached tokens each, each sequence feeding
+    `tokens_per_seq` tokens (1: plain decoding; 1 + drafted tokens: a speculative verification step)."""
     kv = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context
     state = sizing.linear_state_bytes(t, gp.ssm_state_dtype)
     step_bytes = weight_read_bytes + batch * (kv + 2 * state)  # the GDN state is read and written back
     mem_s = step_bytes / (tp * hw.bandwidth_tbps * 1e12 * gp.bandwidth_efficiency)
-    flops = batch * sizing.decode_flops_per_token(t, context)
+    flops = batch * tokens_per_seq * sizing.decode_flops_per_token(t, context)
     peak = hw.matmul_tflops(gp.compute_dtype, "generate.dtype")
     compute_s = flops / (tp * peak * 1e12 * gp.decode_mfu)
-    step = max(mem_s, compute_s)
+    return roofline_step(batch, mem_s, compute_s)
+
+
+def roofline_step(batch: int, memory_s: float, compute_s: float) -> DecodeStep:
+    """A step that takes the slower of its memory time and its compute time."""
+    step = max(memory_s, compute_s)
     return DecodeStep(
         batch=batch,
         step_ms=step * 1e3,
-        memory_ms=mem_s * 1e3,
+        memory_ms=memory_s * 1e3,
         compute_ms=compute_s * 1e3,
         tokens_per_s=batch / step,
-        bound="bandwidth" if mem_s >= compute_s else "compute",
+        bound="bandwidth" if memory_s >= compute_s else "compute",
     )
 
 

@@ -13,6 +13,7 @@ from dflash.plan.report_checks import calibration_lines, published_lines
 from dflash.plan.report_deadline import deadline_lines
 from dflash.plan.report_format import count, hours, num, table, usd
 from dflash.plan.report_generation import generation_lines
+from dflash.plan.report_serving import serving_lines
 from dflash.plan.report_training import training_lines
 
 
@@ -25,6 +26,7 @@ def render_markdown(p: dict) -> str:
     lines += inputs_lines(p) + target_lines(p) + drafter_lines(p) + hardware_lines(p)
     lines += generation_lines(p["generation"])
     lines += training_lines(p["training"], p["drafter"]["block_size"])
+    lines += serving_lines(p.get("serving"))
     lines += scaling_lines(p)
     lines += published_lines(p.get("published") or [])
     lines += ["", "## Assumptions", ""] + [f"- {a}" for a in p["assumptions"]]

@@ -10,6 +10,7 @@ from dflash.plan.deadline import Deadline
 from dflash.plan.generation import GenerationEstimate
 from dflash.plan.inputs import Dataset
 from dflash.plan.published import PublishedCheck
+from dflash.plan.serving import ServingEstimate
 from dflash.plan.training import TrainingEstimate
 
 
@@ -40,12 +41,13 @@ class Plan:
     deadline: Deadline | None
     calibration: list[Calibration]
     published: list[PublishedCheck]
+    serving: ServingEstimate | None = None
     assumptions: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["dataset"] = self.dataset.as_json()
-        for key in ("generation", "training", "deadline"):
+        for key in ("generation", "training", "deadline", "serving"):
             out[key] = dataclasses.asdict(out[key]) if out[key] is not None else None
         for key in ("scaling", "calibration", "published"):
             out[key] = [dataclasses.asdict(x) for x in out[key]]

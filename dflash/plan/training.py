@@ -37,9 +37,13 @@ GB = 1e9
 LOGITS_BYTES = {"tokens": 10, "target_argmax": 14, "target_kl": 22}
 
 
-def training_flops_per_sequence(t, d: DrafterConfig, seq_tokens, loss_tokens, ta, vocab_rows=None) -> dict[str, float]:
+def training_flops_per_sequence(
+    t, d: DrafterConfig, seq_tokens, loss_tokens, ta, vocab_rows=None, draft_vocab_rows=None
+) -> dict[str, float]:
     """FLOPs to train on one mean sequence (dflash/drafter/flops.py counts them): target forward, drafter forward +
-    backward, frozen lm_head on drafted slots (`vocab_rows` of it: the rows the loss computes, all by default)."""
+    backward, frozen lm_head on drafted slots (`vocab_rows` of it: the rows the loss computes, all by default).
+    `draft_vocab_rows`: a pruned draft vocabulary; the drafter's lm_head term scales to its rows, the target's
+    lm_head stays whole (its argmax over the full vocabulary says whether a target token is inside)."""
     s = min(seq_tokens, ta.max_length)
     anchors = max(0.0, min(ta.num_anchors, loss_tokens - 1, s - 1))
     # anchors sit in the response (the sequence's tail): mean visible context ~ everything before the response
@@ -48,6 +52,10 @@ def training_flops_per_sequence(t, d: DrafterConfig, seq_tokens, loss_tokens, ta
     loss_target = getattr(ta, "loss_target", "tokens")
     work = DocumentWork(tokens=s, anchors=anchors, mean_context=mean_ctx, vocab_rows=vocab_rows)
     parts = document_flops(t, d, work, loss_target)
+    if draft_vocab_rows:
+        parts["total"] -= parts["lm_head"]
+        parts["lm_head"] *= draft_vocab_rows / (vocab_rows if vocab_rows is not None else d.vocab_size)
+        parts["total"] += parts["lm_head"]
     parts["seq_tokens"] = s
     parts["anchors"] = anchors
     parts["block_tokens"] = anchors * d.query_slots
@@ -197,13 +205,15 @@ def training_estimate(
     split_target_gpus: int | None = None,
     layout: str | None = None,
     pilot: TrainPilot | None = None,
+    draft_vocab_rows: int | None = None,
 ) -> TrainingEstimate:
     """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
     plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
-    replaces the model's seconds per sequence."""
+    replaces the model's seconds per sequence. `draft_vocab_rows`: price a pruned draft vocabulary
+    (training_flops_per_sequence)."""
     # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
     rows = pilot.lm_head_rows if pilot is not None else None
-    flops = training_flops_per_sequence(t, d, data.seq_tokens, data.loss_tokens, ta, rows)
+    flops = training_flops_per_sequence(t, d, data.seq_tokens, data.loss_tokens, ta, rows, draft_vocab_rows)
     mem = training_memory(t, d, ta, weight_dtype, data.seq_tokens, flops["anchors"])
     peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
     rate = peak * 1e12 * ta.mfu
