@@ -61,6 +61,7 @@ MAX_BACKOFF_S = 30.0
 REPROBE_S = 30.0  # seconds between probes of a server that is down or quarantined
 HEALTH_REUSE_S = 1.0  # a /health answer younger than this is reused by the next failure on that server
 PROBE_PROMPT = [{"role": "user", "content": "Hello"}]  # the probe's one-token completion
+JOINING = "joined from the registry"  # a new registry server's reason for being out of rotation until probed
 
 
 def backoff_s(attempts: int) -> float:
@@ -294,7 +295,7 @@ class ServersDispatcher:
         now = time.time()
         for url, name in change.joined.items():
             endpoint = Endpoint(session, url, self.g, self.model, self.cfg.vocab_size)
-            server = Server(len(self.servers), url, endpoint, ServerHealth(self.rules), down=f"joining ({name})")
+            server = Server(len(self.servers), url, endpoint, ServerHealth(self.rules), down=f"{JOINING} ({name})")
             server.down_since = now - REPROBE_S  # probed at once
             self.servers.append(server)
             self.progress.add(url)
@@ -323,7 +324,10 @@ class ServersDispatcher:
             server.probed, server.down_since = True, time.time()
             log.info("server %s still out of rotation: %s", server.url, server.last_error)
         else:
-            log.warning("server %s is back (was out of rotation: %s)", server.url, server.down)
+            if server.down.startswith(JOINING):
+                log.warning("server %s is serving (%s)", server.url, server.down)
+            else:
+                log.warning("server %s is back (was out of rotation: %s)", server.url, server.down)
             server.down, server.version, server.probed = "", version, False
             server.health.clear()
             self.progress.engine_up(server.index)
