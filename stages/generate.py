@@ -7,6 +7,7 @@ extrapolated full-run tokens and hours; + `reports/pilot_details.json`). Resumab
 
     python -m stages.generate --params params.yaml
     python -m stages.generate --params params.yaml --pilot
+    python -m stages.generate --server-command 8000 --server-host "$(hostname)"   # print a server's command
 """
 
 from dflash.core import cli
@@ -17,6 +18,14 @@ def add_args(parser):
     parser.add_argument(
         "--pilot", action="store_true", help="pilot: generate.pilot_samples prompts, write reports/pilot.json"
     )
+    parser.add_argument(
+        "--server-command",
+        type=int,
+        metavar="PORT",
+        help="print the vLLM server command with this stage's engine settings on PORT, and exit "
+        "(slurm/generate-servers.sbatch; dflash/generate/serve_command.py)",
+    )
+    parser.add_argument("--server-host", default="127.0.0.1", help="with --server-command: the address it binds")
 
 
 def _why(failed_unit: dict) -> str:
@@ -51,6 +60,11 @@ def failure_message(metrics: dict) -> str | None:
 def main(params, args):
     from dflash.generate import stage as generate
 
+    if args.server_command is not None:
+        from dflash.generate.serve_command import server_command_line
+
+        print(server_command_line(params, args.server_host, args.server_command))
+        return
     metrics = generate.run(params, pilot=args.pilot)
     keys = ("num_prompts", "num_completed", "num_skipped", "num_failed", "output_tokens_per_s", "mean_output_tokens")
     print(

@@ -171,6 +171,7 @@ class GenerateParams:
     server_urls: list[
         str
     ]  # servers backend: base URLs (http://node7:8000/v1); [] = start num_engines local servers on 127.0.0.1
+    server_registry: str  # servers backend: a folder on the shared filesystem with one <name>.url file per server (its base URL), read for as long as the stage runs: servers join and leave (slurm/generate-servers.sbatch); "" = server_urls
     server_model: (
         str  # model id the servers must list at /v1/models; "" = target.json's model (the tiny target: its folder)
     )

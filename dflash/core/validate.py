@@ -189,6 +189,8 @@ def check_generate(params: Params, pilot: bool = False) -> None:
             raise ParamsError(f"generate.pilot_sweep[{i}]: must be >= 1, got {n}")
     for i, url in enumerate(g.server_urls):
         check_server_url(url, f"generate.server_urls[{i}]")
+    if g.server_registry and g.server_urls:
+        raise ParamsError("generate.server_registry: set it or generate.server_urls, not both")
 
 
 def check_server_url(url: str, key: str) -> None:

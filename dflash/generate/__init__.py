@@ -15,12 +15,16 @@
   health.py     a server's health from what it does: failures in a row, a failure share, endless backoffs
   client.py     backend `servers`: the stage as an asynchronous client of servers (load cap, retries on other
                 servers, quarantine and probes, failed turns)
+  registry.py   generate.server_registry: the folder of <name>.url files servers join and leave by (read
+                continuously by client.py)
+  serve_command.py  the vLLM server command with the stage's engine settings (`--server-command`)
   sweep.py      the pilot's concurrency sweep on one server (the knee: dflash/core/concurrency.py)
   pilot.py      the pilot's throughput / output-length report and extrapolation
   stage.py      the stage: run identity (hash), units, resume (and re-opening units with failed turns), metrics
 
 The chain runs one way: contract <- turns <- worker <- dispatch <- stage, progress <- dispatch / client /
-sweep, turns <- servers <- endpoint <- client / sweep <- stage, health <- client (no cycle). May import:
+sweep, turns <- servers <- endpoint <- client / sweep <- stage, health <- client, registry <- client,
+client / stage <- serve_command (no cycle). May import:
 dflash.core, dflash.drafter; aiohttp (endpoint.py). vLLM only inside the worker process (the servers backend
 talks HTTP to vLLM processes it starts as `python -m vllm.entrypoints.openai.api_server`).
 """

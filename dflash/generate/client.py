@@ -26,6 +26,10 @@ module moves requests and judges the servers by what they do:
 - The run stops only when no server can serve: every one down or quarantined and each probed once since (at
   once when none is left): a UserError naming every URL and its last error. Committed units stay (each was
   written atomically when it finished), so a rerun resumes.
+- `generate.server_registry` (dflash/generate/registry.py): the servers are what the registry folder lists,
+  re-read every registry.POLL_S s. A URL that appears is probed like a down server and then served; one that
+  leaves is withdrawn: no new requests, its in-flight ones finish there or, failing there, move to the others
+  uncharged. With a registry the run never stops for want of servers: it waits for the registry to list one.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dflash.core.errors import UserError
@@ -46,6 +51,7 @@ from dflash.generate.dispatch import DispatchResult, EngineStats
 from dflash.generate.endpoint import Endpoint, new_session, run_async
 from dflash.generate.health import HealthRules, ServerHealth
 from dflash.generate.progress import Progress
+from dflash.generate.registry import ServerRegistry, changes
 from dflash.generate.servers import Completion, ServerError, local_servers
 from dflash.generate.turns import Request, TurnBook
 
@@ -55,6 +61,7 @@ MAX_BACKOFF_S = 30.0
 REPROBE_S = 30.0  # seconds between probes of a server that is down or quarantined
 HEALTH_REUSE_S = 1.0  # a /health answer younger than this is reused by the next failure on that server
 PROBE_PROMPT = [{"role": "user", "content": "Hello"}]  # the probe's one-token completion
+JOINING = "joined from the registry"  # a new registry server's reason for being out of rotation until probed
 
 
 def backoff_s(attempts: int) -> float:
@@ -81,6 +88,7 @@ class Server:
     health_at: float = float("-inf")  # when the last /health check answered
     health_ok: bool = True
     stats: EngineStats = field(default_factory=EngineStats)
+    withdrawn: bool = False  # its registry file is gone: draining (no new requests, never probed)
 
 
 class ServersDispatcher:
@@ -97,9 +105,12 @@ class ServersDispatcher:
         total_prompts: int,
         done: int,
         progress: Progress | None = None,  # bars opened while local servers started (serve())
+        registry: ServerRegistry | None = None,  # generate.server_registry: servers join and leave
     ):
         self.cfg, self.g, self.model, self.tokenizer = cfg, g, model, tokenizer
         self.urls = list(urls)
+        self.registry = registry
+        self.waiting_since = 0.0  # a registry run with no server serving: when the last "waiting" line went out
         self.units = list(units)
         self.rules = HealthRules.of(g)
         self.progress = progress or Progress("generate (all)", total_prompts, done, self.urls, "checking servers")
@@ -119,7 +130,7 @@ class ServersDispatcher:
         self.tokens += r["num_completion_tokens"]
 
     def serving(self) -> list[Server]:
-        return [s for s in self.servers if not s.down]
+        return [s for s in self.servers if not s.down and not s.withdrawn]
 
     def in_flight(self) -> int:
         return sum(len(s.inflight) for s in self.servers)
@@ -205,7 +216,7 @@ class ServersDispatcher:
 
     async def _failed(self, server: Server, req: Request, exc: ServerError) -> None:
         server.last_error = exc.reason
-        if exc.unreachable:
+        if exc.unreachable or server.withdrawn:  # a withdrawn server's failures are its leaving, not the request's
             self.take_down(server, exc.reason)
             return
         if exc.retry_after is not None:
@@ -272,6 +283,33 @@ class ServersDispatcher:
             if any(url == server.url for url, _ in req.charges):
                 req.charges = [(url, reason) for url, reason in req.charges if url != server.url]
 
+    def sync_registry(self, session) -> None:
+        """Apply the registry's changes (when a read is due): new servers join out of rotation and are probed at
+        once; withdrawn ones drain; a withdrawn one listed again is served again (a down one is probed first)."""
+        listed = self.registry.poll() if self.registry is not None else None
+        if listed is None:
+            return
+        by_url = {s.url: s for s in self.servers}
+        active = {u for u, s in by_url.items() if not s.withdrawn}
+        change = changes(listed, active, set(by_url) - active)
+        now = time.time()
+        for url, name in change.joined.items():
+            endpoint = Endpoint(session, url, self.g, self.model, self.cfg.vocab_size)
+            server = Server(len(self.servers), url, endpoint, ServerHealth(self.rules), down=f"{JOINING} ({name})")
+            server.down_since = now - REPROBE_S  # probed at once
+            self.servers.append(server)
+            self.progress.add(url)
+            log.warning("server %s joins from the registry (%s)", url, name)
+        for url in change.returned:
+            server = by_url[url]
+            server.withdrawn, server.down_since, server.probed = False, now - REPROBE_S, False
+            log.warning("server %s is listed again in the registry", url)
+        for url in change.withdrawn:
+            server = by_url[url]
+            server.withdrawn = True
+            self.progress.label(server.index, "WITHDRAWN")
+            log.warning("server %s left the registry: draining its %d in-flight requests", url, len(server.inflight))
+
     # ------------------------------------------------------------------------------------------ probing
 
     async def _probe(self, server: Server) -> None:
@@ -286,10 +324,13 @@ class ServersDispatcher:
             server.probed, server.down_since = True, time.time()
             log.info("server %s still out of rotation: %s", server.url, server.last_error)
         else:
-            log.warning("server %s is back (was out of rotation: %s)", server.url, server.down)
+            if server.down.startswith(JOINING):
+                log.warning("server %s is serving (%s)", server.url, server.down)
+            else:
+                log.warning("server %s is back (was out of rotation: %s)", server.url, server.down)
             server.down, server.version, server.probed = "", version, False
             server.health.clear()
-            self.progress.label(server.index)
+            self.progress.engine_up(server.index)
         finally:
             server.probe = None
             self.wake.set()
@@ -298,11 +339,18 @@ class ServersDispatcher:
         """Start the probes that are due: every REPROBE_S s, at once when no server is serving."""
         now, none_serving = time.time(), not self.serving()
         for s in self.servers:
+            if s.withdrawn:
+                continue
             if s.down and s.probe is None and (now - s.down_since >= REPROBE_S or (none_serving and not s.probed)):
                 s.probe = asyncio.get_running_loop().create_task(self._probe(s))
 
     def check_can_serve(self) -> None:
         if self.serving() or any(not s.probed for s in self.servers):
+            return
+        if self.registry is not None:  # servers may still join: wait, and say so once a minute
+            if time.time() - self.waiting_since >= 60:
+                self.waiting_since = time.time()
+                log.warning("generate: no server serving; waiting for %s to list one", self.registry.folder)
             return
         raise UserError(
             "generate: no server can serve, every server is down or quarantined ("
@@ -365,6 +413,8 @@ class ServersDispatcher:
                     s.stats.ready_at = time.time()
                 self.t_start = time.time()
                 while True:
+                    if self.registry is not None:
+                        self.sync_registry(session)
                     self.check_can_serve()
                     self.reprobe()
                     self.open_units()
@@ -406,11 +456,15 @@ def server_kwargs(cfg: WorkerConfig) -> dict:
 def serve(
     units: list[Unit], cfg: WorkerConfig, g: GenerateParams, total_prompts: int, done: int, model: str
 ) -> DispatchResult:
-    """The servers backend: `g.server_urls`, or `g.num_engines` local servers started (and stopped) here; each
+    """The servers backend: the servers `g.server_registry` lists, `g.server_urls`, or `g.num_engines` local servers started (and stopped) here; each
     server's model identity checked before its first request. The bars open first and say what is starting."""
     from dflash.core.hf import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.revision)
+    if g.server_registry:
+        registry = ServerRegistry(Path(g.server_registry))
+        progress = Progress("generate (all)", total_prompts, done, [], f"servers from {g.server_registry}")
+        return ServersDispatcher(units, cfg, g, [], model, tokenizer, total_prompts, done, progress, registry).run()
     if g.server_urls:
         progress = Progress("generate (all)", total_prompts, done, list(g.server_urls), "checking servers")
         return ServersDispatcher(

@@ -29,6 +29,16 @@ class Progress:
         self.tokens = 0
         self.clock_started = False
 
+    def add(self, label: str) -> int:
+        """A bar for one more server (one that joined from the registry, starting); returns its index."""
+        from tqdm import tqdm
+
+        b = self.bar
+        kw = {"mininterval": b.mininterval, "dynamic_ncols": True, "unit": b.unit, "leave": False}
+        self.labels.append(label)
+        self.engines.append(tqdm(total=None, desc=f"  {label} (starting)", position=len(self.labels), **kw))
+        return len(self.labels) - 1
+
     def started(self) -> None:
         """The first engine / server is up: the rate and the ETA count from now (once)."""
         if self.clock_started:
