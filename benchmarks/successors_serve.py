@@ -76,7 +76,7 @@ def _overfit(cfg, target, sequences, steps: int):
     import torch
 
     from dflash.core.loader import load_params
-    from dflash.drafter.kinds import build_drafter
+    from dflash.drafter.build import build_drafter
     from dflash.drafter.model import block_input_ids, block_labels
     from dflash.train.loss import LMHead, normaliser_share, slot_weights
     from dflash.train.loss_dspark import explicit_rows

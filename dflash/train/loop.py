@@ -49,8 +49,8 @@ from dflash.core.hf import load_target_model, target_config_dict, target_tokeniz
 from dflash.core.loader import as_dict
 from dflash.core.params import Params
 from dflash.core.validate import check_train
+from dflash.drafter.build import build_drafter
 from dflash.drafter.geometry import build_drafter_config, config_dict
-from dflash.drafter.kinds import build_drafter
 from dflash.drafter.masks import build_masks
 from dflash.drafter.model import block_input_ids, count_parameters
 from dflash.train import checkpoint, parallel
