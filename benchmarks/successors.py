@@ -33,11 +33,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dflash.drafter.kinds import KINDS  # noqa: E402  (drafter.kind: every registered kind)
+
 DATA = {
     "greedy": ["generate.sampling.temperature=0.0", "generate.sampling.top_p=1.0"],
     "sampled": ["generate.sampling.temperature=1.0", "generate.sampling.top_p=0.95"],
 }
-KINDS = ("dflash", "dspark", "dflash2")
 # the reference at T 0 and 1 everywhere; vLLM (greedy) for the kind it serves here, its other baselines off
 EVAL_FIXED = ["eval.engines=[dflash]", "eval.reference_temperatures=[0.0, 1.0]", "eval.engine_timeout_s=3600"]
 # every point sets every key a point varies: `dvc exp run` in the workspace starts from the last point's params
@@ -107,7 +110,7 @@ def tables(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", nargs="+", default=list(DATA), choices=list(DATA))
-    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--extra-dflash", action="store_true", help="also DFlash with target_argmax + dpace (sampled)")
     ap.add_argument("--extra-dflash2", action="store_true", help="also DFlash2 with target_argmax + decay (sampled)")
     ap.add_argument("--lock", default=None, help="flock file every dvc exp run waits for")

@@ -33,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dflash.drafter.kinds import KINDS  # noqa: E402
+
 VOCAB, HIDDEN, LAYERS = 1024, 256, 4
 
 
@@ -76,7 +78,7 @@ def _overfit(cfg, target, sequences, steps: int):
     import torch
 
     from dflash.core.loader import load_params
-    from dflash.drafter.kinds import build_drafter
+    from dflash.drafter.build import build_drafter
     from dflash.drafter.model import block_input_ids, block_labels
     from dflash.train.loss import LMHead, normaliser_share, slot_weights
     from dflash.train.loss_dspark import explicit_rows
@@ -100,7 +102,7 @@ def _overfit(cfg, target, sequences, steps: int):
             embeds = target.get_input_embeddings()(block_input_ids(ids, anchors, cfg.query_slots, cfg.mask_token_id))
             m = MicroBatch(0, None, ids, torch.zeros_like(ids), anchors, labels, valid)
             batches.append((feats, embeds.float(), m, final))
-    if cfg.kind == "dspark":
+    if model.label_row_weight() is not None:  # DSpark: zero lm_head rows that are labels get their own W2 row
         head = explicit_rows(head, torch.cat([b[2].labels for b in batches]))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(steps):
@@ -147,7 +149,8 @@ def _engine(target_dir: str, drafter_dir: str, method: str, spec_tokens: int, dt
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--kinds", nargs="+", default=["dspark", "dflash2"], choices=["dflash", "dspark", "dflash2"])
+    v2_only = [name for name, spec in KINDS.items() if not spec.v1_runner]  # dspark, dflash2: what this checks
+    ap.add_argument("--kinds", nargs="+", default=v2_only, choices=list(KINDS))
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--steps", type=int, default=300, help="over-fitting steps per drafter")
@@ -212,7 +215,7 @@ def main() -> None:
         queues, procs = {}, {}
         for kind in args.kinds:
             queues[kind] = ctx.Queue()
-            method = "dspark" if kind == "dspark" else "dflash"
+            method = KINDS[kind].vllm_method
             a = (str(root / "target"), folders[kind], method, 3, dtype_name, prompts, args.max_tokens, queues[kind])
             procs[kind] = ctx.Process(target=_engine, args=a)
             procs[kind].start()

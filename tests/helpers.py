@@ -600,8 +600,8 @@ def sampling_drafter(kind: str, target, seed: int = 1):
 
     import torch
 
+    from dflash.drafter.build import build_drafter
     from dflash.drafter.geometry import build_drafter_config
-    from dflash.drafter.kinds import build_drafter
 
     d = kind_drafter_params(kind, SAMPLING_VOCAB - 1, num_hidden_layers=1, intermediate_size=64, markov_rank=4)
     d = dataclasses.replace(d, dflash2=dataclasses.replace(d.dflash2, selector_rank=4, selector_top_k=4))

@@ -248,19 +248,20 @@ def check_train(params: Params) -> None:
             f"train.max_length: {t.max_length} + drafter.block_size {d.block_size} exceeds "
             f"drafter.max_position_embeddings {d.max_position_embeddings}"
         )
-    if d.kind != "dflash" and t.position_weighting != "decay":
+    # a kind with a loss of its own has its weights in train.<kind>_loss (dflash/drafter/kinds.py: KindSpec.loss_params)
+    own_loss = getattr(t, f"{d.kind}_loss", None)
+    if own_loss is not None and t.position_weighting != "decay":
         raise ParamsError(
             f"train.position_weighting: {t.position_weighting} is defined for drafter.kind dflash only; "
             f"{d.kind} weighs its slots by decay (exp(-(k-1)/train.loss_gamma), as its paper does)"
         )
-    if d.kind != "dflash" and t.parallel == "fsdp":
+    if own_loss is not None and t.parallel == "fsdp":
         raise ParamsError(
             f"train.parallel: fsdp shards the drafter's weights between forward passes, and {d.kind}'s loss reads its "
             "heads outside the forward; use ddp"
         )
-    weights = {"dspark": ("dspark_loss", t.dspark_loss), "dflash2": ("dflash2_loss", t.dflash2_loss)}.get(d.kind)
-    if weights:
-        check(weights[1], f"train.{weights[0]}", dict.fromkeys(vars(weights[1]), at_least(0)))
+    if own_loss is not None:
+        check(own_loss, f"train.{d.kind}_loss", dict.fromkeys(vars(own_loss), at_least(0)))
 
 
 def check_plan(params: Params) -> None:

@@ -9,7 +9,8 @@
   export.py     z-lab native checkpoint save / load (config.json + body-only safetensors)
   dspark.py     DSparkDrafter: Markov head + confidence head on the DFlash backbone, the Markov walk
   dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
-  kinds.py      build_drafter for every drafter.kind
+  kinds.py      the registry: one KindSpec per drafter.kind, the one place that names the kinds (torch-free)
+  build.py      build_drafter for every drafter.kind (imports every kind's module)
 
-May import: dflash.core. geometry.py and flops.py import no torch (the plan stage uses them).
+May import: dflash.core. geometry.py, kinds.py and flops.py import no torch (the plan stage uses them).
 """

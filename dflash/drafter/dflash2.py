@@ -25,6 +25,7 @@ Legend: Q query rows (N*B in training, B at inference), H hidden, G groups, V vo
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -184,8 +185,20 @@ def selector_walk(
     return drafts, torch.stack(rows)
 
 
+def draft_step(
+    drafter: DFlash2Drafter,
+    hidden: torch.Tensor,
+    lm_head: Callable[[torch.Tensor], torch.Tensor],
+    bonus: int,
+    pick: Any,
+) -> tuple[list[int], torch.Tensor]:
+    """DFlash2's decode step (the reference evaluator's): slots 1..B-1, walked over their top-K candidates."""
+    return selector_walk(drafter, hidden[1:], lm_head(hidden[1:]).float(), bonus, pick)
+
+
 __all__ = [
     "CandidateSelector",
+    "draft_step",
     "DFlash2DecoderLayer",
     "DFlash2Drafter",
     "GroupedCausalConv",

@@ -21,6 +21,7 @@ Legend: n tokens, H hidden, V vocabulary, r markov_rank, N = B-1 query slots.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,10 @@ class DSparkDrafter(DFlashDrafter):
         if self.confidence_head is not None:
             self.confidence_head.reset_parameters(std)
 
+    def label_row_weight(self) -> torch.Tensor:
+        """markov_w2: the W2 rows of labels whose lm_head rows are zero are their own (dflash/train/loss_dspark.py)."""
+        return self.markov_head.markov_w2.weight
+
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """(n, H) slot hidden states, (n,) previous tokens -> (n,) acceptance probabilities."""
         if self.confidence_head is None:
@@ -124,4 +129,12 @@ def markov_walk(
     return drafts, torch.stack(rows)
 
 
-__all__ = ["ConfidenceHead", "DSparkDrafter", "MarkovHead", "markov_walk"]
+def draft_step(
+    drafter: DSparkDrafter, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], bonus: int, pick: Any
+) -> tuple[list[int], torch.Tensor]:
+    """DSpark's decode step (the reference evaluator's): its B-1 slots, each drafting the next token, the Markov bias
+    fed the previous draft (markov_walk)."""
+    return markov_walk(drafter, lm_head(hidden).float(), bonus, pick)
+
+
+__all__ = ["ConfidenceHead", "DSparkDrafter", "MarkovHead", "draft_step", "markov_walk"]

@@ -34,55 +34,35 @@ import torch
 
 from dflash.core.errors import UserError
 from dflash.core.io import atomic_path, read_json, write_json
-from dflash.drafter.geometry import DFLASH2, DSPARK, FULL, SLIDING, DrafterConfig, validate_config
-from dflash.drafter.kinds import build_drafter
+from dflash.drafter.build import build_drafter
+from dflash.drafter.geometry import FULL, SLIDING, DrafterConfig, validate_config
+from dflash.drafter.kinds import KINDS, spec_for
 from dflash.drafter.model import DFlashDrafter
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
-ARCHITECTURE = "DFlashDraftModel"
-ARCHITECTURES = {"dflash": ARCHITECTURE, DFLASH2: "DFlash2DraftModel", DSPARK: "Qwen3DSparkModel"}
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-_JSON_KEYS = {
-    "target_layer_ids": "dflash_config.target_layer_ids",
-    "mask_token_id": "dflash_config.mask_token_id",
-    **{f"dflash2.{k}": f"dflash_config.{k}" for k in _DFLASH2_KEYS},
-}
-_DSPARK_JSON_KEYS = {  # DSpark's keys are top-level; its block_size is ours - 1 (the validator names ours)
-    "target_layer_ids": "target_layer_ids",
-    "mask_token_id": "mask_token_id",
-    "dspark.markov_rank": "markov_rank",
-}
+ARCHITECTURES = {name: spec.architecture for name, spec in KINDS.items()}
 
 
 def body_keys(config: DrafterConfig) -> list[str]:
     """Every tensor name the checkpoint holds, in the spelling of docs/design/checkpoint-serving.md (and, for the
     successor kinds, of vLLM's qwen3_dspark.py / qwen3_dflash2.py)."""
-    keys = []
+    keys, spec = [], spec_for(config.kind)
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."
         keys += [f"{p}self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")]
         keys += [f"{p}self_attn.{n}_norm.weight" for n in ("q", "k")]
         keys += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
         keys += [f"{p}{n}_layernorm.weight" for n in ("input", "post_attention")]
-        if config.kind == DFLASH2:
-            keys += [
-                f"{p}{c}_conv.{n}" for c in ("attention", "mlp") for n in ("base_kernel", "kernel_projection.weight")
-            ]
+        keys += [f"{p}{n}" for n in spec.layer_weights]
     keys += ["fc.weight", "hidden_norm.weight", "norm.weight"]
-    if config.kind == DSPARK:
-        keys += ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
-        keys += ["confidence_head.proj.weight", "confidence_head.proj.bias"] if config.confidence_head else []
-    if config.kind == DFLASH2:
-        keys += [f"candidate_selector.{n}_codebook" for n in ("predecessor", "successor")]
-        keys += ["candidate_selector.hidden_projection.weight"]
-    return keys
+    return keys + spec.weights(config)
 
 
 def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
     """config.json contents."""
     out = {
-        "architectures": [ARCHITECTURES[config.kind]],
+        "architectures": [spec_for(config.kind).architecture],
         "model_type": "qwen3",
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -110,19 +90,7 @@ def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
         "num_target_layers": config.num_target_layers,
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
     }
-    if config.kind == DFLASH2:
-        out["dflash_config"].update({k: getattr(config, k) for k in _DFLASH2_KEYS})
-    if config.kind == DSPARK:  # top-level keys (vLLM keeps a DSpark config as transformers parses it)
-        del out["dflash_config"]
-        out.update(
-            block_size=config.query_slots,  # vLLM: num_speculative_tokens = its block_size = our block_size - 1
-            mask_token_id=config.mask_token_id,
-            target_layer_ids=list(config.target_layer_ids),
-            markov_rank=config.markov_rank,
-            enable_confidence_head=config.confidence_head,
-            confidence_head_with_markov=True,
-            sample_from_anchor=True,
-        )
+    spec_for(config.kind).write_config(config, out)
     return out
 
 
@@ -149,13 +117,8 @@ def read_config(folder: str | Path) -> DrafterConfig:
         names = ", ".join(repr(a) for a in ARCHITECTURES.values())
         raise UserError(f"{path}: architectures {raw.get('architectures')} is not one of [{names}]")
     kind = kinds[0]
-    dflash = raw.get("dflash_config") or {}
-    if kind == DSPARK:  # top-level keys; its block_size counts its slots (ours - 1)
-        dflash = {k: raw.get(k) for k in ("mask_token_id", "target_layer_ids")}
-        if raw.get("block_size") is not None:
-            dflash["block_size"] = int(raw["block_size"]) + 1
-        if raw.get("sample_from_anchor", True) is not True:
-            raise UserError(f"{path}: sample_from_anchor: only true (drafting from the anchor) is supported")
+    spec = spec_for(kind)
+    block = spec.read_block(raw, path)
 
     def need(key: str, value: Any) -> Any:
         if value is None:
@@ -181,40 +144,13 @@ def read_config(folder: str | Path) -> DrafterConfig:
         rope_theta=float(need("rope_theta", rope_theta)),
         rms_norm_eps=float(need("rms_norm_eps", raw.get("rms_norm_eps"))),
         max_position_embeddings=int(need("max_position_embeddings", raw.get("max_position_embeddings"))),
-        block_size=int(
-            need(
-                "block_size",
-                dflash.get("block_size") if kind == DSPARK else raw.get("block_size", dflash.get("block_size")),
-            )
-        ),
-        mask_token_id=int(need(_key(kind, "mask_token_id"), dflash.get("mask_token_id"))),
-        target_layer_ids=tuple(need(_key(kind, "target_layer_ids"), dflash.get("target_layer_ids"))),
+        block_size=int(need("block_size", block["block_size"])),
+        mask_token_id=int(need(spec.config_keys["mask_token_id"], block["mask_token_id"])),
+        target_layer_ids=tuple(need(spec.config_keys["target_layer_ids"], block["target_layer_ids"])),
         num_target_layers=int(need("num_target_layers", raw.get("num_target_layers"))),
         kind=kind,
-        **_kind_fields(kind, raw, need, path),
+        **spec.read_fields(raw, need, path),
     )
-
-
-def _key(kind: str, name: str) -> str:
-    return name if kind == DSPARK else f"dflash_config.{name}"
-
-
-def _kind_fields(kind: str, raw: dict, need: Any, path: Path) -> dict[str, Any]:
-    """The successor kind's DrafterConfig fields from its config.json."""
-    if kind == DSPARK:
-        with_markov = raw.get("confidence_head_with_markov", False)  # vLLM's default when the key is absent
-        if raw.get("enable_confidence_head") and with_markov is not True:
-            raise UserError(
-                f"{path}: confidence_head_with_markov: only true is supported (the head reads [h ; W1[prev]])"
-            )
-        return {
-            "markov_rank": int(need("markov_rank", raw.get("markov_rank"))),
-            "confidence_head": bool(raw.get("enable_confidence_head", False)),
-        }
-    if kind == DFLASH2:
-        dflash = raw.get("dflash_config") or {}
-        return {k: int(need(f"dflash_config.{k}", dflash.get(k))) for k in _DFLASH2_KEYS}
-    return {}
 
 
 def load_drafter(
@@ -230,7 +166,7 @@ def load_drafter(
 
     folder = Path(folder)
     config = read_config(folder)
-    keys = _DSPARK_JSON_KEYS if config.kind == DSPARK else _JSON_KEYS
+    keys = spec_for(config.kind).config_keys
     validate_config(config, target_config, tokenizer, prefix=f"{folder / CONFIG}: ", keys=keys)
     state = load_file(str(folder / WEIGHTS), device=str(device))
     expected = set(body_keys(config))

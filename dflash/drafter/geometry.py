@@ -18,14 +18,11 @@ from typing import Any
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.params import DrafterParams
 from dflash.core.target_config import as_target_arch
+from dflash.drafter.kinds import DFLASH, KINDS, KindCost, spec_for
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)
-DFLASH = "dflash"
-DSPARK = "dspark"
-DFLASH2 = "dflash2"
-KINDS = (DFLASH, DSPARK, DFLASH2)  # drafter.kind (docs/design/successors.md: what each one computes)
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ class DrafterConfig:
     def query_slots(self) -> int:
         """Slots of one drafter block. DFlash / DFlash2: the anchor + B-1 mask slots, slot k drafting the token at
         anchor + k. DSpark: B-1 slots (the anchor + B-2 masks), slot k drafting the token at anchor + k + 1."""
-        return self.block_size - 1 if self.kind == DSPARK else self.block_size
+        return spec_for(self.kind).query_slots(self.block_size)
 
     @property
     def deepest_target_layer(self) -> int:
@@ -180,22 +177,7 @@ def _validate_kind(cfg: DrafterConfig, fail: Any) -> None:
     """The kind and its own fields (field names as in params: dspark.markov_rank, dflash2.conv_group_size...)."""
     if cfg.kind not in KINDS:
         fail("kind", f"{cfg.kind!r}: expected one of {', '.join(KINDS)}")
-    if cfg.kind == DSPARK and cfg.markov_rank < 1:
-        fail("dspark.markov_rank", f"must be >= 1, got {cfg.markov_rank}")
-    if cfg.kind != DFLASH2:
-        return
-    for field in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-        if getattr(cfg, field) < 1:
-            fail(f"dflash2.{field}", f"must be >= 1, got {getattr(cfg, field)}")
-    if cfg.conv_kernel_size > cfg.block_size:
-        fail(
-            "dflash2.conv_kernel_size",
-            f"{cfg.conv_kernel_size} taps reach past a block of {cfg.block_size} slots (taps never cross a block start)",
-        )
-    if cfg.hidden_size % cfg.conv_group_size:
-        fail("dflash2.conv_group_size", f"{cfg.conv_group_size} does not divide the hidden size {cfg.hidden_size}")
-    if cfg.selector_top_k > cfg.vocab_size:
-        fail("dflash2.selector_top_k", f"{cfg.selector_top_k} exceeds the {cfg.vocab_size} vocabulary rows")
+    spec_for(cfg.kind).check(cfg, fail)
 
 
 def build_drafter_config(drafter: DrafterParams, target: Any, tokenizer: Any = None) -> DrafterConfig:
@@ -240,10 +222,8 @@ def kind_fields(drafter: DrafterParams) -> dict[str, Any]:
     """The DrafterConfig fields of the chosen kind from its params section (the other kinds' stay 0 / False, so a
     DFlash config never depends on the dspark / dflash2 sections)."""
     out: dict[str, Any] = {"kind": drafter.kind}
-    if drafter.kind == DSPARK:
-        out.update(markov_rank=drafter.dspark.markov_rank, confidence_head=drafter.dspark.confidence_head)
-    elif drafter.kind == DFLASH2:
-        out.update({f: getattr(drafter.dflash2, f) for f in dataclasses.asdict(drafter.dflash2)})
+    if drafter.kind in KINDS:
+        out.update(spec_for(drafter.kind).params_fields(drafter))
     return out
 
 
@@ -253,39 +233,10 @@ def config_dict(config: DrafterConfig) -> dict:
     }
 
 
-@dataclass(frozen=True)
-class KindCost:
-    """What a kind adds to the DFlash body: the plan prices every kind through this one function (kind_cost)."""
-
-    params: int  # trainable parameters beside the DFlash body (heads, convs, selector)
-    parts: dict[str, int]  # those parameters by part
-    flops_per_slot: float  # forward FLOPs they cost per query slot of a block (training: x 3 with the backward)
-    target_logits: bool  # the loss needs the target's own logits at the drafted rows (its whole depth + lm_head)
-
-
 def kind_cost(d: DrafterConfig) -> KindCost:
-    """Parameters and FLOPs of the kind's additions (docs/design/successors.md). 2 FLOPs per multiply-add.
-
-    dspark: Markov head W1, W2 (V x r each) + confidence head (H + r -> 1, bias). Per slot: the W2 bias over the
-      whole vocabulary (V r) and the confidence head; W1 is a row lookup.
-    dflash2: per layer two grouped convs (attention, MLP), each a base kernel (2 x taps x H) and a kernel projection
-      (H -> 2 taps G, G = H / group size); per slot both convs project (2 x H x 2 taps G) and apply 2 x taps x H
-      multiply-adds on each of their two sides. Selector: two codebooks (V x r) + hidden projection (r x H); per
-      slot the projection (H r) and K edge scores against the teacher-forced predecessor (K r) plus the K gathered
-      unary logits (K H)."""
-    h, v = d.hidden_size, d.vocab_size
-    if d.kind == DSPARK:
-        r = d.markov_rank
-        parts = {"markov_head": 2 * v * r, "confidence_head": (h + r + 1) if d.confidence_head else 0}
-        flops = 2.0 * v * r + (2.0 * (h + r) if d.confidence_head else 0.0)
-        return KindCost(sum(parts.values()), parts, flops, True)
-    if d.kind == DFLASH2:
-        taps, groups, r, k = d.conv_kernel_size, h // d.conv_group_size, d.selector_rank, d.selector_top_k
-        per_conv = 2 * taps * h + 2 * taps * groups * h
-        parts = {"convs": d.num_hidden_layers * 2 * per_conv, "candidate_selector": 2 * v * r + r * h}
-        conv_flops = d.num_hidden_layers * 2 * (2.0 * h * 2 * taps * groups + 2 * 2.0 * taps * h)
-        return KindCost(sum(parts.values()), parts, conv_flops + 2.0 * (h * r + k * r + k * h), True)
-    return KindCost(0, {}, 0.0, False)
+    """Parameters and FLOPs of the kind's additions (docs/design/successors.md; each kind's own count in
+    dflash/drafter/kinds.py). 2 FLOPs per multiply-add."""
+    return spec_for(d.kind).cost(d)
 
 
 def parameter_counts(d: DrafterConfig) -> dict[str, int]:

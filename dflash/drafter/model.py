@@ -32,7 +32,8 @@ blocks. Block slot k sits at position position_ids[a] + k.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,6 +65,21 @@ class DFlashDrafter(nn.Module):
         # (memory of the saved activations of every block token in every layer, for a slower backward)
         self.activation_checkpointing = False
         self.reset_parameters()
+
+    @classmethod
+    def build(
+        cls, config: DrafterConfig, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    ) -> DFlashDrafter:
+        """Construct on `device` ("meta" allocates nothing: parameter counting for the planner), float32 unless
+        `dtype` (dflash.drafter.kinds.build_drafter builds every kind through its class's build)."""
+        with torch.device(device):
+            model = cls(config)
+        return model.to(dtype=dtype or torch.float32)
+
+    def label_row_weight(self) -> torch.Tensor | None:
+        """The kind's own output rows for labels whose lm_head rows are exactly zero (DSpark: markov_w2); None when
+        the lm_head's rows serve (train/loop.py then keeps the lm_head's zero-row folding)."""
+        return None
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """HF default init (normal(0, 0.02) linears, unit norms); seed with torch.manual_seed beforehand."""
@@ -171,6 +187,14 @@ def build_drafter(config: DrafterConfig, device: str | torch.device = "cpu", dty
     kind is built by dflash.drafter.kinds.build_drafter."""
     if config.kind != "dflash":
         raise ValueError(f"drafter.kind {config.kind}: build it with dflash.drafter.kinds.build_drafter")
-    with torch.device(device):
-        model = DFlashDrafter(config)
-    return model.to(dtype=dtype)
+    return DFlashDrafter.build(config, device, dtype)
+
+
+@torch.no_grad()
+def draft_step(
+    drafter: DFlashDrafter, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], bonus: int, pick: Any
+) -> tuple[list[int], torch.Tensor]:
+    """DFlash's decode step (the reference evaluator's, dflash/eval/reference.py): hidden (B, H) of one block; slots
+    1..B-1 each draft their own token, independently. Returns the drafts and their (B-1, V) logits."""
+    logits = lm_head(hidden[1:]).float()
+    return [pick(row, j) for j, row in enumerate(logits)], logits

@@ -26,6 +26,7 @@ from typing import Any
 from dflash.core.errors import UserError
 from dflash.core.params import EvalParams, kv_cache_bytes
 from dflash.core.processes import kill_tree, place_engine_core, shutdown_engine
+from dflash.drafter.kinds import spec_for
 from dflash.eval.progress import EngineProgress
 
 WARMUP_TOKENS = 8
@@ -52,7 +53,7 @@ def speculative_config(
             "prompt_lookup_min": e.prompt_lookup_min,
             "prompt_lookup_max": e.prompt_lookup_max,
         }
-    method = "dspark" if drafter_kind == "dspark" else "dflash"
+    method = spec_for(drafter_kind).vllm_method
     spec = {"method": method, "model": drafter_dir, "num_speculative_tokens": block_size - 1}
     if e.draft_attention_backend:
         spec["attention_backend"] = e.draft_attention_backend
@@ -67,7 +68,7 @@ def unservable_reason(drafter_kind: str) -> str | None:
 
     import torch
 
-    if drafter_kind == "dflash":
+    if spec_for(drafter_kind).v1_runner:
         return None
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false"):
         return f"drafter.kind {drafter_kind} needs vLLM's V2 model runner and VLLM_USE_V2_MODEL_RUNNER turns it off"

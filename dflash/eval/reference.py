@@ -53,8 +53,7 @@ from typing import Any
 import torch
 
 from dflash.core.errors import UserError
-from dflash.drafter.dflash2 import selector_walk
-from dflash.drafter.dspark import markov_walk
+from dflash.drafter.kinds import resolve, spec_for
 from dflash.drafter.model import DFlashDrafter, context_features
 from dflash.drafter.session import DraftSession
 
@@ -90,18 +89,12 @@ def propose(
     (T > 0), the (B-1, V) logits they were drawn from. choose None: greedy, and dflash's drafts come from
     DraftSession.draft exactly as they always did."""
     drafter = session.drafter
-    kind = drafter.config.kind
-    if kind == "dflash" and choose is None:
+    spec = spec_for(drafter.config.kind)
+    if spec.session_greedy and choose is None:
         return session.draft(bonus, start), None
     hidden = session.draft_hidden(bonus, start)
-    pick = choose or _argmax
-    if kind == "dspark":  # B-1 slots, each drafting the next token, the Markov bias fed the previous draft
-        drafts, logits = markov_walk(drafter, lm_head(hidden).float(), bonus, pick)
-    elif kind == "dflash2":  # slots 1..B-1, walked over their top-K candidates
-        drafts, logits = selector_walk(drafter, hidden[1:], lm_head(hidden[1:]).float(), bonus, pick)
-    else:
-        logits = lm_head(hidden[1:]).float()
-        drafts = [pick(row, j) for j, row in enumerate(logits)]
+    # the kind's decode step (dflash/drafter/kinds.py names it: dspark's Markov walk, dflash2's selector walk, ...)
+    drafts, logits = resolve(spec.decode_step)(drafter, hidden, lm_head, bonus, choose or _argmax)
     return drafts, (logits if choose is not None else None)
 
 

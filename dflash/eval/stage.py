@@ -108,8 +108,8 @@ def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path) -> Path
     """A seeded, untrained drafter of the trained one's geometry, exported for vLLM (the tau ~ 1 baseline)."""
     import torch
 
+    from dflash.drafter.build import build_drafter
     from dflash.drafter.export import save_drafter
-    from dflash.drafter.kinds import build_drafter
 
     torch.manual_seed(seed)
     return save_drafter(build_drafter(config, dtype=dtype), config, out_dir)

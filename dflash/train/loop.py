@@ -49,8 +49,9 @@ from dflash.core.hf import load_target_model, target_config_dict, target_tokeniz
 from dflash.core.loader import as_dict
 from dflash.core.params import Params
 from dflash.core.validate import check_train
-from dflash.drafter.geometry import build_drafter_config, config_dict
-from dflash.drafter.kinds import build_drafter
+from dflash.drafter.build import build_drafter
+from dflash.drafter.geometry import build_drafter_config, config_dict, kind_cost
+from dflash.drafter.kinds import KINDS
 from dflash.drafter.masks import build_masks
 from dflash.drafter.model import block_input_ids, count_parameters
 from dflash.train import checkpoint, parallel
@@ -158,7 +159,7 @@ class Trainer:
                 f"({self.rows_per_step} = batch_size x {self.accum} micro-steps x {self.world} processes)"
             )
         self.seed = base.seed
-        idle_losses = {f"{kind}_loss" for kind in ("dspark", "dflash2") if kind != self.cfg.kind}  # other kinds'
+        idle_losses = {s.loss_params for s in KINDS.values() if s.loss_params and s.name != self.cfg.kind}  # others'
         key = {
             "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL and k not in idle_losses},
             "rows_per_step": self.rows_per_step,
@@ -193,7 +194,7 @@ class Trainer:
             self.cfg.num_target_layers,
             tp.target_batch_tokens,
             # the target's own predictions need its final hidden states (dspark / dflash2: always)
-            final=tp.loss_target != "tokens" or self.cfg.kind != "dflash",
+            final=tp.loss_target != "tokens" or kind_cost(self.cfg).target_logits,
         )
         embed = target.get_input_embeddings()
         self.embed = embed if self.target_device == self.device else copy.deepcopy(embed).to(self.device)
@@ -210,9 +211,9 @@ class Trainer:
         torch.manual_seed(base.seed)
         self.model = build_drafter(self.cfg, device=self.device, dtype=torch.float32)
         self.loss_head = self.head  # DSpark: zero lm_head rows that are labels get their own W2 row (loss_dspark.py)
-        if self.cfg.kind == "dspark" and self.head.num_zero:
+        if self.model.label_row_weight() is not None and self.head.num_zero:
             self.loss_head = explicit_rows(self.head, supervised_tokens(self.index.paths, self.cfg.vocab_size))
-            if not zero_rows_tied(self.loss_head, self.model.markov_head.markov_w2.weight):
+            if not zero_rows_tied(self.loss_head, self.model.label_row_weight()):
                 raise RuntimeError("DSpark markov_w2: the W2 rows of the zero lm_head rows differ (the loss ties them)")
         self.model.activation_checkpointing = tp.activation_checkpointing
         module = parallel.wrap_drafter(self.model, tp.parallel, self.device, self.world, self.dtype)  # ddp | fsdp

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from dflash.core.params import TrainParams
+from dflash.drafter.kinds import resolve, spec_for
 from dflash.drafter.model import block_labels
+from dflash.train import loss_dflash2, loss_dspark  # noqa: F401  (with loss.py: every KindSpec.loss, by name)
 from dflash.train.data import Batch
-from dflash.train.loss import LMHead, LossOut, block_loss
-from dflash.train.loss_dflash2 import dflash2_loss
-from dflash.train.loss_dspark import dspark_loss
+from dflash.train.loss import LMHead, LossOut
 
 
 @dataclass
@@ -63,14 +63,12 @@ def micro_loss(
         "target_hidden": final,
         "anchors": m.anchors,
     }
-    kind = drafter.config.kind
-    if kind == "dspark":
-        extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": tp.dspark_loss}
-        return dspark_loss(hidden, m.labels, m.valid, head, **common, **extra)
-    if kind == "dflash2":
-        extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": tp.dflash2_loss}
-        return dflash2_loss(hidden, m.labels, m.valid, head, **common, **extra)
-    return block_loss(hidden, m.labels, m.valid, head, **common, weighting=tp.position_weighting)
+    spec = spec_for(drafter.config.kind)
+    if spec.loss_params:  # a kind's own loss: its weights, and what it reads of the drafter and the tokens
+        extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": getattr(tp, spec.loss_params)}
+    else:  # the block loss, weighted by train.position_weighting
+        extra = {"weighting": tp.position_weighting}
+    return resolve(spec.loss)(hidden, m.labels, m.valid, head, **common, **extra)
 
 
 __all__ = ["MicroBatch", "micro_loss"]

@@ -18,9 +18,9 @@ from dflash.core.loader import load_params
 def test_eval_stage_measures_a_dspark_drafter_by_the_reference(tiny_target, tmp_path, repo_root):
     from dflash.core.chat import render_ids, template_kwargs
     from dflash.core.hf import load_tokenizer
+    from dflash.drafter.build import build_drafter
     from dflash.drafter.export import save_drafter
     from dflash.drafter.geometry import build_drafter_config
-    from dflash.drafter.kinds import build_drafter
     from dflash.eval import stage as evaluate
     from dflash.target.synthetic import conversation
     from dflash.train.data import write_shard

@@ -27,11 +27,11 @@ import os
 import pytest
 import torch
 
+from dflash.drafter.build import build_drafter
 from dflash.drafter.dflash2 import grouped_causal_conv, selector_walk
 from dflash.drafter.dspark import markov_walk
 from dflash.drafter.export import save_drafter
 from dflash.drafter.geometry import build_drafter_config
-from dflash.drafter.kinds import build_drafter
 from tests.helpers import free_port, kind_drafter_params, small_qwen3_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dflash.drafter.build import build_drafter
 from dflash.drafter.dflash2 import grouped_causal_conv, selector_walk
 from dflash.drafter.geometry import build_drafter_config
-from dflash.drafter.kinds import build_drafter
 from dflash.drafter.model import block_labels
 from dflash.drafter.session import DraftSession
 from dflash.train.loss import LMHead, normaliser_share, slot_weights

@@ -90,7 +90,7 @@ def test_reference_temperatures_are_checked():
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_plans_count_of_each_kind_is_the_modules_own(kind):
     """geometry.parameter_counts (torch-free, what the plan prices) == the built module's trainable parameters."""
-    from dflash.drafter.kinds import build_drafter
+    from dflash.drafter.build import build_drafter
     from dflash.drafter.model import count_parameters
 
     cfg = build_drafter_config(_drafter(kind, num_hidden_layers=2), small_qwen3_config(4))
