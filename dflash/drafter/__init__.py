@@ -10,6 +10,8 @@
   dspark.py     DSparkDrafter: Markov head + confidence head on the DFlash backbone, the Markov walk
   dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
   kinds.py      build_drafter for every drafter.kind
+  vocab.py      the pruned draft vocabulary: build rule, d2t / t2d tables, coverage, DRAFT_VOCAB_KINDS (torch-free)
+  draft_head.py DraftHead: the drafter's own lm_head over that vocabulary (training, export, reference)
 
-May import: dflash.core. geometry.py and flops.py import no torch (the plan stage uses them).
+May import: dflash.core. geometry.py, flops.py and vocab.py import no torch (the plan stage uses them).
 """

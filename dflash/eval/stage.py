@@ -119,7 +119,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     import torch
 
     from dflash.core.hf import load_target_model
-    from dflash.drafter.export import load_drafter
+    from dflash.drafter.export import load_draft_head, load_drafter
     from dflash.eval.reference import reference_decode, summarize
 
     e = params.eval
@@ -130,6 +130,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     target = load_target_model(params.base.target_dir, dtype, device, params.base.trust_remote_code)
     drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
     drafter.eval()
+    head = load_draft_head(drafter_dir, cfg, device=device, dtype=dtype)  # None: the target's whole vocabulary
     runs: dict[str, dict[str, dict]] = {}
     count = sum(len(p) for p in sets.values()) * len(e.reference_temperatures)
     bar = reference_bar(count, len(sets))  # its clock starts with the models loaded
@@ -149,6 +150,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
                         mode=e.reference_mode,
                         temperature=temp,
                         seed=params.base.seed + i,
+                        draft_head=head,
                     )
                 )
                 bar.update(1)
