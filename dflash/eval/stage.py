@@ -100,15 +100,17 @@ def split_by_length(prompts: list[dict], e: EvalParams, block_size: int) -> tupl
 # ------------------------------------------------------------------------------------------ stage
 
 
-def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path) -> Path:
-    """A seeded, untrained drafter of the trained one's geometry, exported for vLLM (the tau ~ 1 baseline)."""
+def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path, drafter_dir: str) -> Path:
+    """A seeded, untrained drafter of the trained one's geometry, exported for vLLM (the tau ~ 1 baseline); a pruned
+    draft vocabulary is the trained one's (its head is the target's rows, nothing trained)."""
     import torch
 
-    from dflash.drafter.export import save_drafter
+    from dflash.drafter.export import load_draft_head, save_drafter
     from dflash.drafter.kinds import build_drafter
 
     torch.manual_seed(seed)
-    return save_drafter(build_drafter(config, dtype=dtype), config, out_dir)
+    head = load_draft_head(drafter_dir, config)
+    return save_drafter(build_drafter(config, dtype=dtype), config, out_dir, head)
 
 
 def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, list[dict]], stop_ids: list[int]) -> dict:
@@ -243,7 +245,9 @@ def run(params: Params) -> EvalRun:
     with tempfile.TemporaryDirectory(prefix="dflash-eval-") as tmp:
         dirs = {"dflash": drafter_dir}
         if "untrained" in run:
-            dirs["untrained"] = str(_untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp)))
+            dirs["untrained"] = str(
+                _untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp), drafter_dir)
+            )
         del drafter
         for name in run:
             spec = speculative_config(name, e, dirs.get(name, ""), dcfg.block_size, dcfg.kind)
