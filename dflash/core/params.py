@@ -125,6 +125,7 @@ class DrafterParams:
     mask_token_id: int  # an unused embedding row of the target (Qwen3: 151669; Qwen3.5/3.6: 248070)
     target_layer_ids: list[int]  # target layers (0-based outputs) feeding the drafter; [] = default rule
     num_target_features: int  # K for the default rule: K ids evenly spaced from 1 to n-3
+    draft_vocab_size: int  # tokens the drafter can propose (its own lm_head rows + vLLM's d2t table): the most frequent training loss tokens + the tokenizer's added tokens; 0 = the target's whole vocabulary (dflash only)
     dspark: DSparkParams  # drafter.kind dspark: Markov rank, confidence head on/off
     dflash2: DFlash2Params  # drafter.kind dflash2: conv taps and group size, selector rank and top-K
 

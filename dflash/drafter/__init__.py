@@ -11,6 +11,8 @@
   dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
   kinds.py      the registry: one KindSpec per drafter.kind, the one place that names the kinds (torch-free)
   build.py      build_drafter for every drafter.kind (imports every kind's module)
+  vocab.py      the pruned draft vocabulary: build rule, d2t / t2d tables, coverage (torch-free)
+  draft_head.py DraftHead: the drafter's own lm_head over that vocabulary (training, export, reference)
 
-May import: dflash.core. geometry.py, kinds.py and flops.py import no torch (the plan stage uses them).
+May import: dflash.core. geometry.py, kinds.py, vocab.py and flops.py import no torch (the plan stage uses them).
 """

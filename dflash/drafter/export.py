@@ -23,6 +23,11 @@ The successor kinds (docs/design/successors.md "Export") keep that body and add 
            confidence_head_with_markov (always written: vLLM's default differs from the trainers'),
            sample_from_anchor; tensors markov_head.markov_w{1,2}.weight, confidence_head.proj.{weight,bias}
 Serve every kind with num_speculative_tokens = block_size - 1 (speculative_config()).
+
+A pruned draft vocabulary (drafter.draft_vocab_size D > 0, dflash/drafter/vocab.py) adds `draft_vocab_size` to
+config.json and three tensors: lm_head.weight (D, H: the target's rows of the vocabulary's tokens), d2t (D,) int64
+and t2d (V,) bool. vLLM then builds a D-row lm_head of its own, loads d2t as draft_id_to_target_id, skips t2d,
+and scatters the D logits back to the target vocabulary (-inf elsewhere).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch
 from dflash.core.errors import UserError
 from dflash.core.io import atomic_path, read_json, write_json
 from dflash.drafter.build import build_drafter
+from dflash.drafter.draft_head import DraftHead
 from dflash.drafter.geometry import FULL, SLIDING, DrafterConfig, validate_config
 from dflash.drafter.kinds import KINDS, spec_for
 from dflash.drafter.model import DFlashDrafter
@@ -42,6 +48,7 @@ from dflash.drafter.model import DFlashDrafter
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 ARCHITECTURES = {name: spec.architecture for name, spec in KINDS.items()}
+VOCAB_KEYS = ("lm_head.weight", "d2t", "t2d")  # the pruned vocabulary's tensors (not the drafter module's)
 
 
 def body_keys(config: DrafterConfig) -> list[str]:
@@ -90,18 +97,33 @@ def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
         "num_target_layers": config.num_target_layers,
         "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.target_layer_ids)},
     }
+    if config.draft_vocab_size:
+        out["draft_vocab_size"] = config.draft_vocab_size
     spec_for(config.kind).write_config(config, out)
     return out
 
 
-def save_drafter(model: DFlashDrafter, config: DrafterConfig, out_dir: str | Path) -> Path:
-    """Write config.json + model.safetensors (body only) into out_dir; return the folder."""
+def save_drafter(
+    model: DFlashDrafter, config: DrafterConfig, out_dir: str | Path, head: DraftHead | None = None
+) -> Path:
+    """Write config.json + model.safetensors (body only, plus the pruned vocabulary's lm_head / d2t / t2d when
+    config.draft_vocab_size is set: `head` required then) into out_dir; return the folder."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     assert sorted(state) == sorted(body_keys(config)), "drafter state_dict drifted from the exported key set"
+    if bool(config.draft_vocab_size) != (head is not None):
+        raise ValueError(f"draft_vocab_size {config.draft_vocab_size}: a DraftHead is needed exactly when it is > 0")
+    if head is not None:
+        if tuple(head.weight.shape) != (config.draft_vocab_size, config.hidden_size):
+            raise ValueError(
+                f"draft head {tuple(head.weight.shape)} != ({config.draft_vocab_size}, {config.hidden_size})"
+            )
+        state.update(
+            {k: v.to(model.fc.weight.dtype) if v.is_floating_point() else v for k, v in head.tensors().items()}
+        )
     with atomic_path(out / WEIGHTS) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     write_json(out / CONFIG, hf_config(config, model.fc.weight.dtype))
@@ -149,8 +171,15 @@ def read_config(folder: str | Path) -> DrafterConfig:
         target_layer_ids=tuple(need(spec.config_keys["target_layer_ids"], block["target_layer_ids"])),
         num_target_layers=int(need("num_target_layers", raw.get("num_target_layers"))),
         kind=kind,
+        draft_vocab_size=_draft_vocab_size(raw),
         **spec.read_fields(raw, need, path),
     )
+
+
+def _draft_vocab_size(raw: dict) -> int:
+    """config.json's draft_vocab_size; absent or the whole vocabulary = 0 (as vLLM reads it)."""
+    size = raw.get("draft_vocab_size")
+    return 0 if size is None or int(size) == int(raw.get("vocab_size", -1)) else int(size)
 
 
 def load_drafter(
@@ -169,6 +198,10 @@ def load_drafter(
     keys = spec_for(config.kind).config_keys
     validate_config(config, target_config, tokenizer, prefix=f"{folder / CONFIG}: ", keys=keys)
     state = load_file(str(folder / WEIGHTS), device=str(device))
+    vocab = {k: state.pop(k) for k in VOCAB_KEYS if k in state}
+    if config.draft_vocab_size and sorted(vocab) != sorted(VOCAB_KEYS):
+        missing = sorted(set(VOCAB_KEYS) - set(vocab))
+        raise UserError(f"{folder / WEIGHTS}: draft_vocab_size {config.draft_vocab_size} without tensors {missing}")
     expected = set(body_keys(config))
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -184,4 +217,24 @@ def load_drafter(
     return model, config
 
 
-__all__ = ["body_keys", "hf_config", "load_drafter", "read_config", "save_drafter"]
+def load_draft_head(
+    folder: str | Path, config: DrafterConfig, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> DraftHead | None:
+    """The pruned vocabulary's head of an exported drafter (None: it drafts over the target's whole vocabulary)."""
+    from safetensors import safe_open
+
+    if not config.draft_vocab_size:
+        return None
+    with safe_open(str(Path(folder) / WEIGHTS), framework="pt", device=str(device)) as f:
+        names = set(f.keys())  # noqa: SIM118 (a safetensors handle, not a dict)
+        state = {k: f.get_tensor(k) for k in VOCAB_KEYS if k in names}
+    try:
+        head = DraftHead.from_tensors(state, config.vocab_size)
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"{Path(folder) / WEIGHTS}: draft vocabulary tables: {exc}") from exc
+    if tuple(head.weight.shape) != (config.draft_vocab_size, config.hidden_size):
+        raise UserError(f"{Path(folder) / WEIGHTS}: lm_head.weight {tuple(head.weight.shape)} != draft_vocab_size x H")
+    return head.to(device, dtype)
+
+
+__all__ = ["VOCAB_KEYS", "body_keys", "hf_config", "load_draft_head", "load_drafter", "read_config", "save_drafter"]

@@ -19,6 +19,7 @@ from dflash.core.errors import ParamsError, UserError
 from dflash.core.params import DrafterParams
 from dflash.core.target_config import as_target_arch
 from dflash.drafter.kinds import DFLASH, KINDS, KindCost, spec_for
+from dflash.drafter.vocab import check_draft_vocab
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -52,6 +53,7 @@ class DrafterConfig:
     conv_group_size: int = 0  # dflash2: channels per predicted tap coefficient
     selector_rank: int = 0  # dflash2: r of the candidate selector
     selector_top_k: int = 0  # dflash2: candidates ranked per slot
+    draft_vocab_size: int = 0  # D rows of the drafter's own lm_head (dflash/drafter/vocab.py); 0 = the target's V
 
     @property
     def num_target_features(self) -> int:
@@ -177,6 +179,7 @@ def _validate_kind(cfg: DrafterConfig, fail: Any) -> None:
     """The kind and its own fields (field names as in params: dspark.markov_rank, dflash2.conv_group_size...)."""
     if cfg.kind not in KINDS:
         fail("kind", f"{cfg.kind!r}: expected one of {', '.join(KINDS)}")
+    check_draft_vocab(cfg.kind, cfg.draft_vocab_size, cfg.vocab_size, fail)
     spec_for(cfg.kind).check(cfg, fail)
 
 
@@ -212,6 +215,7 @@ def build_drafter_config(drafter: DrafterParams, target: Any, tokenizer: Any = N
         mask_token_id=drafter.mask_token_id,
         target_layer_ids=tuple(ids),
         num_target_layers=n_layers,
+        draft_vocab_size=drafter.draft_vocab_size,
         **kind_fields(drafter),
     )
     validate_config(cfg, target, tokenizer, prefix="drafter.")

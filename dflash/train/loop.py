@@ -54,7 +54,7 @@ from dflash.drafter.geometry import build_drafter_config, config_dict, kind_cost
 from dflash.drafter.kinds import KINDS
 from dflash.drafter.masks import build_masks
 from dflash.drafter.model import block_input_ids, count_parameters
-from dflash.train import checkpoint, parallel
+from dflash.train import checkpoint, draft_vocab, parallel
 from dflash.train import distributed as dist
 from dflash.train.data import (
     DocIndex,
@@ -68,7 +68,7 @@ from dflash.train.data import (
 )
 from dflash.train.distributed import resolve_device
 from dflash.train.features import TargetFeatures, target_identity
-from dflash.train.loss import LMHead, normaliser_share, slot_weights, tau_hat
+from dflash.train.loss import normaliser_share, slot_weights, tau_hat
 from dflash.train.loss_dspark import explicit_rows, supervised_tokens, zero_rows_tied
 from dflash.train.micro import MicroBatch, micro_loss
 
@@ -198,13 +198,9 @@ class Trainer:
         )
         embed = target.get_input_embeddings()
         self.embed = embed if self.target_device == self.device else copy.deepcopy(embed).to(self.device)
-        self.head = LMHead.from_linear(target.get_output_embeddings(), self.device)
-        if self.head.num_zero:
-            log.info(
-                "lm_head: %d of %d rows are exactly zero; exact reduced softmax",
-                self.head.num_zero,
-                self.head.vocab_size,
-            )
+        # the target's frozen lm_head (exact zero-row softmax), or the drafter's own rows of a pruned vocabulary
+        self.vocab = draft_vocab.setup(self.cfg, target.get_output_embeddings(), data_dir, self.device, tp.loss_target)
+        self.head = self.vocab.loss_head
         self.slot_w = slot_weights(self.cfg.block_size, tp.loss_gamma).to(self.device)
 
         # 4. drafter (fp32 master weights), optimizer, schedule
@@ -275,11 +271,12 @@ class Trainer:
     def compute_gradients(self, step: int) -> dict:
         """Forward + backward of every micro-step of `step`; leaves the (all-reduced) gradients in the drafter."""
         c, dev = self.cfg, self.device
-        prepared = [MicroBatch.on_device(slot, b, c.block_size, dev) for slot, b in self.micro_batches(step)]
+        inside = self.vocab.inside
+        prepared = [MicroBatch.on_device(slot, b, c.block_size, dev, inside) for slot, b in self.micro_batches(step)]
         local_w = sum(normaliser_share(m.valid, self.slot_w, self.tp.position_weighting) for m in prepared)
         fed = [sum(m.batch.num_tokens for m in prepared), sum(docs_digest(m.batch.documents) for m in prepared)]
-        stats = torch.tensor([local_w, *fed], dtype=torch.float64, device=dev)
-        global_w, tokens, digest = self._reduce(stats).tolist()
+        stats = torch.tensor([local_w, *fed, sum(m.outside for m in prepared)], dtype=torch.float64, device=dev)
+        global_w, tokens, digest, outside = self._reduce(stats).tolist()
         normaliser = global_w / self.world  # DDP averages gradients over processes: undo it
         self.opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -328,6 +325,7 @@ class Trainer:
             "tokens": int(tokens),
             "weight": global_w,
             "docs_digest": int(digest),  # the multiset of documents the step fed, over all ranks (tests)
+            "outside": int(outside),  # valid slots masked: label outside the draft vocabulary
         }
 
     def optimizer_step(self) -> float:
@@ -434,7 +432,7 @@ class Trainer:
             dtype = _DTYPES[self.tp.export_dtype] if self.tp.export_dtype != "auto" else self.dtype
             model = full.to(dtype)
             with staged_folder(out) as staging:  # eval never sees new weights beside an old config
-                save_drafter(model, self.cfg, staging)
+                save_drafter(model, self.cfg, staging, self.vocab.head)
                 write_json(staging / "run_info.json", checkpoint.run_info(as_dict(self.params), {"steps": self.step}))
         self._barrier()
         return out
@@ -476,6 +474,7 @@ class Trainer:
             "steps_seconds": run_seconds,  # every optimizer step of the run, resumed invocations included
             "checkpoint_dir": str(self.ckpt_dir),
             "resumed_code_changes": self.resumed_code_changes,  # the code files changed since (checkpoint.code_changes)
+            **self.vocab.summary(self.history),  # draft_vocab_size, _coverage, _outside_slots, _outside_frac
         }
 
 

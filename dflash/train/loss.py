@@ -36,6 +36,11 @@ Z exp(-lse_p) (lse_q - lse_p). The argmax over the full vocabulary is the kept a
 smallest zero-row id (torch's first-index tie rule). Rows are checked once at start; on real targets no row is
 all zero and this is a no-op. tests/unit/train/test_train.py and tests/unit/train/test_loss_targets.py check against the full vocabulary.
 
+Draft vocabulary (drafter.draft_vocab_size, LMHead.draft_vocab): the logits are the drafter's own D rows (the
+target's rows of those tokens, frozen). tokens: a label outside the vocabulary is masked (and counted by the
+loop); target_argmax: the target's argmax among the D tokens; target_kl: KL to the target's distribution restricted
+to the D tokens and renormalised (the mass outside, which no draft can win, is dropped).
+
 Metrics. acc_k = share of valid slot-k labels (the dataset token, or the target's argmax for the target_* losses)
 equal to the drafter's full-vocabulary argmax. The expected acceptance length implied by them, assuming slot k is
 right independently of slots before it given they were right:
@@ -111,6 +116,15 @@ class LMHead:
         first_zero = int(torch.nonzero(zero)[0, 0])
         return cls(w[keep].contiguous(), b[keep] if b is not None else None, vocab, n_zero, first_zero, keep, remap)
 
+    @classmethod
+    def draft_vocab(cls, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int) -> LMHead:
+        """The drafter's own head over a pruned vocabulary (dflash/drafter/vocab.py DraftHead): the softmax runs over
+        its D rows only, so the target_* losses see the target's distribution restricted to them and renormalised,
+        and its argmax inside them; a `tokens` label outside them is masked before the loss (train/micro.py)."""
+        remap = torch.full((vocab_size,), -1, dtype=torch.long, device=weight.device)
+        remap[token_ids] = torch.arange(len(token_ids), device=weight.device)
+        return cls(weight, None, vocab_size, 0, -1, token_ids.to(weight.device), remap)
+
     @property
     def log_zero(self) -> float | None:
         return math.log(self.num_zero) if self.num_zero else None
@@ -135,7 +149,8 @@ class LMHead:
         kept = self.logits(h)
         if self.token_ids is None:
             return kept
-        out = kept.new_zeros(h.shape[0], self.vocab_size)
+        fill = 0.0 if self.num_zero else float("-inf")  # zero rows: logit 0; a pruned vocabulary: nothing else exists
+        out = kept.new_full((h.shape[0], self.vocab_size), fill)
         out[:, self.token_ids] = kept
         return out
 

@@ -33,13 +33,22 @@ class MicroBatch:
     anchors: torch.Tensor  # (N,) long
     labels: torch.Tensor  # (N*B,) long
     valid: torch.Tensor  # (N*B,) bool
+    outside: int = (
+        0  # valid slots whose label is outside the draft vocabulary, masked from valid (dflash/drafter/vocab.py)
+    )
 
     @classmethod
-    def on_device(cls, slot: int, batch: Batch, block_size: int, device: torch.device) -> MicroBatch:
+    def on_device(
+        cls, slot: int, batch: Batch, block_size: int, device: torch.device, inside: torch.Tensor | None = None
+    ) -> MicroBatch:
+        """`inside`: the draft vocabulary's t2d mask (V,) bool: valid slots with a label outside it are masked."""
         ids, mask, docs = batch.input_ids.to(device), batch.loss_mask.to(device), batch.doc_ids.to(device)
         anchors = batch.anchors.to(device)
         labels, valid = block_labels(ids, mask, anchors, block_size, docs)
-        return cls(slot, batch, ids, docs, anchors, labels, valid)
+        if inside is None:
+            return cls(slot, batch, ids, docs, anchors, labels, valid)
+        out = valid & ~inside[labels]
+        return cls(slot, batch, ids, docs, anchors, labels, valid & ~out, int(out.sum()))
 
 
 def micro_loss(

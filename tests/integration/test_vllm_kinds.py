@@ -110,7 +110,7 @@ def _vllm(target, drafter_dir, method: str, num_speculative_tokens: int | None):
         model = cls(vllm_config=vc, prefix="")
     with torch.no_grad():
         for p in model.parameters():
-            p.fill_(float("nan"))
+            p.fill_(float("nan") if p.is_floating_point() else -1)  # d2t (int64): -1 is no offset we write
     return model, spec
 
 
@@ -339,3 +339,56 @@ def test_greedy_walk_from_vllms_code_drafts_our_tokens(dflash2):
         assert mine == theirs
         differs += mine != head(hidden).argmax(-1).tolist()
     assert differs > 10  # the selector really reorders the candidates here
+
+
+# ------------------------------------------------------------------------------------------------ draft vocabulary
+
+
+@pytest.fixture(scope="module")
+def pruned(target_dir, tmp_path_factory):
+    """A DFlash export over a pruned draft vocabulary of 40 of the 512 tokens (dflash/drafter/vocab.py)."""
+    import numpy as np
+
+    from dflash.drafter.draft_head import DraftHead
+    from dflash.drafter.vocab import select
+
+    cfg, ours = _ours("dflash", draft_vocab_size=40)
+    torch.manual_seed(2)
+    ids = select({int(i): 1 for i in torch.randperm(VOCAB - 1)[:60]}, [0, MASK - 1], 40, VOCAB)
+    head = DraftHead.from_target(torch.nn.Linear(HIDDEN, VOCAB, bias=False), np.asarray(ids))
+    folder = save_drafter(ours, cfg, tmp_path_factory.mktemp("pruned"), head)
+    model, spec = _vllm(target_dir, folder, "dflash", cfg.block_size - 1)
+    _load(model, folder)
+    return cfg, head, model, spec, folder
+
+
+def test_our_pruned_vocabulary_file_fills_every_vllm_parameter(pruned):
+    """vLLM builds a 40-row lm_head of the drafter's own and draft_id_to_target_id from our d2t; t2d is skipped."""
+    from safetensors.torch import load_file
+
+    cfg, head, model, spec, folder = pruned
+    assert spec.draft_model_config.hf_config.draft_vocab_size == 40
+    ours = load_file(str(folder / "model.safetensors"))
+    vocab = {k: ours.pop(k) for k in ("lm_head.weight", "d2t", "t2d")}
+    want = {**_expected(cfg, ours), "lm_head.weight": vocab["lm_head.weight"], "draft_id_to_target_id": vocab["d2t"]}
+    params = {n: p for n, p in model.named_parameters() if not n.startswith(("model.embed_tokens.", "model.mask_"))}
+    assert sorted(params) == sorted(want), "our tensors do not cover vLLM's parameters one to one"
+    for name, p in params.items():
+        if name == "lm_head.weight":  # vLLM pads its rows to a multiple of 64; the first 40 are ours
+            assert p.shape[0] >= 40 and p.shape[1:] == want[name].shape[1:]
+            p = p[:40]
+        assert tuple(p.shape) == tuple(want[name].shape), name
+        assert torch.equal(p.detach(), want[name].to(p.dtype)), f"{name} is not our tensor"
+    assert getattr(model, "has_own_lm_head", False)  # vLLM keeps it instead of sharing the target's
+
+
+def test_vllm_logits_over_the_pruned_vocabulary_equal_our_draft_head(pruned):
+    """compute_logits scatters the 40 draft logits to the target ids of d2t (-inf elsewhere): our DraftHead."""
+    _, head, model, _, _ = pruned
+    hidden = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = model.compute_logits(hidden)
+    want = head(hidden)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    torch.testing.assert_close(got[~torch.isinf(got)], want[~torch.isinf(want)], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(1), want.argmax(1))

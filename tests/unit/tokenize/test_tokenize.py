@@ -355,6 +355,25 @@ def test_generated_exact_samples_and_each_filter(tmp_path, target_dir):
     assert m["dropped_by_reason"]["missing_think_end"] == 0
 
 
+def test_generated_counts_the_training_loss_tokens_and_reports_coverage(tmp_path, target_dir):
+    """token_counts.json holds exactly the train split's supervised ids (eval ones never), and the coverage table
+    is the share of them inside the always-in tokens + the most frequent ones."""
+    from dflash.drafter.vocab import COUNTS_FILE, TokenCounts
+
+    rows = [
+        gen_row("a", 0, [1, 2, 3], [10, 10, 10, 11, IM_END]),  # 10 x3, 11 x1, IM_END x1
+        gen_row("b", 0, [5, 6], [12, 10, IM_END]),  # 12, 10, IM_END
+    ]
+    write_generate_run(tmp_path / "generate", [rows])
+    m = run_tokenize(params_for(tmp_path, target_dir, "tokenize.source=generated"))
+    counts = TokenCounts.read(tmp_path / "tokenized" / COUNTS_FILE)
+    assert counts.counts == {10: 4, 11: 1, 12: 1, IM_END: 2}  # prompt ids (1, 2, 3, 5, 6) are never counted
+    assert IM_END in counts.always_in and len(counts.always_in) > 20  # Qwen3's added tokens (specials, <think>)
+    assert m["train_loss_distinct_tokens"] == 4 and m["train_loss_tokens"] == 8
+    # 64 tokens: every added token (IM_END among them) + the most frequent: 10, then 11 (tie with 12: smaller id)
+    assert m["draft_vocab_coverage"]["64"] == 1.0
+
+
 def test_generated_decodes_to_completion_text_plus_end_token(tmp_path, target_dir, qwen_tokenizer):
     from dflash.core.chat import load_fast_chat
 
