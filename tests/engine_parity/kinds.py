@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dflash.drafter.geometry import DFLASH2, DSPARK
+from dflash.drafter.kinds import DFLASH2, DSPARK
 
 
 @dataclass(frozen=True)
