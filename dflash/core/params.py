@@ -94,13 +94,29 @@ class DFlash2Params:
 
 
 @dataclass(frozen=True)
+class LiLiCorrParams:
+    """drafter.kind lilicorr: the candidate-lattice correlator LiLiCorr adds to DFlash (dflash/drafter/lilicorr.py)."""
+
+    candidate_top_k: int  # candidates per drafted slot from the lm_head's top-K; a power of two <= 16 (vLLM's rule)
+    hidden_size: int  # width of the correlator (0 = the target's hidden size, no token projection)
+    num_layers: int  # correlator layers (attention over the whole candidate lattice + MLP)
+    num_heads: int  # attention heads of the correlator; must divide its width
+    mlp_ratio: float  # the correlator MLP's width over its hidden size
+    factor_dim: int  # width of the normalized outgoing / incoming vectors whose dot products score transitions
+    logit_scale: float  # transition logits = logit_scale x cosine of those vectors
+    vector_eps: float  # epsilon of the vectors' normalization
+    conv_kernel_size: int  # taps of DFlash2's grouped causal convs in the body (0 = a plain DFlash body)
+    conv_group_size: int  # channels per predicted tap coefficient (0 with conv_kernel_size 0, else divides the hidden)
+
+
+@dataclass(frozen=True)
 class DrafterParams:
     """The drafter's OWN geometry. Hidden size and vocabulary come from the target (enforced);
     nothing else is copied from it (the 27B regeneration case's bug: head_dim / heads / KV heads taken from the target)."""
 
     kind: Literal[
-        "dflash", "dspark", "dflash2"
-    ]  # dflash: one parallel block; dspark: + sequential Markov head + confidence head; dflash2: + grouped convs + candidate selector
+        "dflash", "dspark", "dflash2", "lilicorr"
+    ]  # dflash: one parallel block; dspark: + sequential Markov head + confidence head; dflash2: + grouped convs + candidate selector; lilicorr: + candidate-lattice correlator
     num_hidden_layers: int  # drafter decoder layers (paper: 5)
     num_attention_heads: int  # the drafter's own query heads (Qwen3.6-27B drafter: 32)
     num_key_value_heads: int  # the drafter's own KV heads (Qwen3.6-27B drafter: 8)
@@ -117,6 +133,7 @@ class DrafterParams:
     num_target_features: int  # K for the default rule: K ids evenly spaced from 1 to n-3
     dspark: DSparkParams  # drafter.kind dspark: Markov rank, confidence head on/off
     dflash2: DFlash2Params  # drafter.kind dflash2: conv taps and group size, selector rank and top-K
+    lilicorr: LiLiCorrParams  # drafter.kind lilicorr: the correlator's candidates, width, layers, factors; body convs
 
 
 @dataclass(frozen=True)
@@ -395,6 +412,15 @@ class DFlash2LossParams:
 
 
 @dataclass(frozen=True)
+class LiLiCorrLossParams:
+    """drafter.kind lilicorr: the weight of the correlator's transition loss beside the lm_head loss."""
+
+    correlator: (
+        float  # cross-entropy of each slot's transition logits after the true predecessor, the target's argmax as label
+    )
+
+
+@dataclass(frozen=True)
 class TrainParams:
     """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train/loop.py).
     Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
@@ -427,6 +453,7 @@ class TrainParams:
     loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
     dspark_loss: DSparkLossParams  # drafter.kind dspark: weights of its CE, L1 and confidence terms
     dflash2_loss: DFlash2LossParams  # drafter.kind dflash2: weight of the selector's top-K loss
+    lilicorr_loss: LiLiCorrLossParams  # drafter.kind lilicorr: weight of the correlator's transition loss
     logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
     feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)
     attention: Literal["auto", "sdpa", "flex"]  # drafter attention backend; auto = flex on CUDA, sdpa on CPU

@@ -254,7 +254,11 @@ def check_train(params: Params) -> None:
             f"train.parallel: fsdp shards the drafter's weights between forward passes, and {d.kind}'s loss reads its "
             "heads outside the forward; use ddp"
         )
-    weights = {"dspark": ("dspark_loss", t.dspark_loss), "dflash2": ("dflash2_loss", t.dflash2_loss)}.get(d.kind)
+    weights = {
+        "dspark": ("dspark_loss", t.dspark_loss),
+        "dflash2": ("dflash2_loss", t.dflash2_loss),
+        "lilicorr": ("lilicorr_loss", t.lilicorr_loss),
+    }.get(d.kind)
     if weights:
         check(weights[1], f"train.{weights[0]}", dict.fromkeys(vars(weights[1]), at_least(0)))
 

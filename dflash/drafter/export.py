@@ -22,6 +22,8 @@ The successor kinds (docs/design/successors.md "Export") keep that body and add 
            (its slots: our block_size - 1), mask_token_id, target_layer_ids, markov_rank, enable_confidence_head,
            confidence_head_with_markov (always written: vLLM's default differs from the trainers'),
            sample_from_anchor; tensors markov_head.markov_w{1,2}.weight, confidence_head.proj.{weight,bias}
+  lilicorr architectures ["LiLiCorrDraftModel"] (method "dflash"); dflash_config adds the lilicorr_* keys and
+           conv_kernel_size / conv_group_size; tensors lilicorr.* (+ the convs): dflash/drafter/lilicorr_spec.py
 Serve every kind with num_speculative_tokens = block_size - 1 (speculative_config()).
 """
 
@@ -34,19 +36,23 @@ import torch
 
 from dflash.core.errors import UserError
 from dflash.core.io import atomic_path, read_json, write_json
+from dflash.drafter import lilicorr_spec
 from dflash.drafter.geometry import DFLASH2, DSPARK, FULL, SLIDING, DrafterConfig, validate_config
 from dflash.drafter.kinds import build_drafter
+from dflash.drafter.lilicorr_spec import LILICORR
 from dflash.drafter.model import DFlashDrafter
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
 ARCHITECTURES = {"dflash": ARCHITECTURE, DFLASH2: "DFlash2DraftModel", DSPARK: "Qwen3DSparkModel"}
+ARCHITECTURES[LILICORR] = lilicorr_spec.ARCHITECTURE
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 _JSON_KEYS = {
     "target_layer_ids": "dflash_config.target_layer_ids",
     "mask_token_id": "dflash_config.mask_token_id",
     **{f"dflash2.{k}": f"dflash_config.{k}" for k in _DFLASH2_KEYS},
+    **lilicorr_spec.validation_keys(),
 }
 _DSPARK_JSON_KEYS = {  # DSpark's keys are top-level; its block_size is ours - 1 (the validator names ours)
     "target_layer_ids": "target_layer_ids",
@@ -65,7 +71,7 @@ def body_keys(config: DrafterConfig) -> list[str]:
         keys += [f"{p}self_attn.{n}_norm.weight" for n in ("q", "k")]
         keys += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
         keys += [f"{p}{n}_layernorm.weight" for n in ("input", "post_attention")]
-        if config.kind == DFLASH2:
+        if config.conv_kernel_size:  # dflash2, and lilicorr with its optional convs
             keys += [
                 f"{p}{c}_conv.{n}" for c in ("attention", "mlp") for n in ("base_kernel", "kernel_projection.weight")
             ]
@@ -76,6 +82,8 @@ def body_keys(config: DrafterConfig) -> list[str]:
     if config.kind == DFLASH2:
         keys += [f"candidate_selector.{n}_codebook" for n in ("predecessor", "successor")]
         keys += ["candidate_selector.hidden_projection.weight"]
+    if config.kind == LILICORR:
+        keys += lilicorr_spec.weight_names(config)
     return keys
 
 
@@ -112,6 +120,8 @@ def hf_config(config: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
     }
     if config.kind == DFLASH2:
         out["dflash_config"].update({k: getattr(config, k) for k in _DFLASH2_KEYS})
+    if config.kind == LILICORR:
+        out["dflash_config"].update(lilicorr_spec.export_config(config))
     if config.kind == DSPARK:  # top-level keys (vLLM keeps a DSpark config as transformers parses it)
         del out["dflash_config"]
         out.update(
@@ -214,6 +224,11 @@ def _kind_fields(kind: str, raw: dict, need: Any, path: Path) -> dict[str, Any]:
     if kind == DFLASH2:
         dflash = raw.get("dflash_config") or {}
         return {k: int(need(f"dflash_config.{k}", dflash.get(k))) for k in _DFLASH2_KEYS}
+    if kind == LILICORR:
+        try:
+            return lilicorr_spec.read_export_config(raw.get("dflash_config") or {}, need)
+        except ValueError as exc:
+            raise UserError(f"{path}: {exc}") from exc
     return {}
 
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash.core.errors import ParamsError, UserError
-from dflash.core.params import DrafterParams
+from dflash.core.params import DrafterParams, LiLiCorrParams
 from dflash.core.target_config import as_target_arch
+from dflash.drafter import lilicorr_spec
+from dflash.drafter.lilicorr_spec import LILICORR
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -25,7 +27,7 @@ LAYER_TYPES = (FULL, SLIDING)
 DFLASH = "dflash"
 DSPARK = "dspark"
 DFLASH2 = "dflash2"
-KINDS = (DFLASH, DSPARK, DFLASH2)  # drafter.kind (docs/design/successors.md: what each one computes)
+KINDS = (DFLASH, DSPARK, DFLASH2, LILICORR)  # drafter.kind (docs/design/successors.md: what each one computes)
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,14 @@ class DrafterConfig:
     mask_token_id: int  # embedding row used for slots 1..B-1
     target_layer_ids: tuple[int, ...]  # target layer outputs feeding fc (HF hidden_states[id + 1])
     num_target_layers: int  # decoder layers of the target the ids refer to
-    kind: str = DFLASH  # dflash | dspark | dflash2; the fields below are 0 / False unless their kind is chosen
+    kind: str = DFLASH  # dflash | dspark | dflash2 | lilicorr; the fields below are 0 / False / None unless chosen
     markov_rank: int = 0  # dspark: r of the Markov head
     confidence_head: bool = False  # dspark: the acceptance-confidence head exists
-    conv_kernel_size: int = 0  # dflash2: taps of the grouped causal convs
-    conv_group_size: int = 0  # dflash2: channels per predicted tap coefficient
+    conv_kernel_size: int = 0  # dflash2 (lilicorr: optional): taps of the grouped causal convs
+    conv_group_size: int = 0  # dflash2 (lilicorr: optional): channels per predicted tap coefficient
     selector_rank: int = 0  # dflash2: r of the candidate selector
     selector_top_k: int = 0  # dflash2: candidates ranked per slot
+    lilicorr: LiLiCorrParams | None = None  # lilicorr: its correlator (dflash/drafter/lilicorr_spec.py); None otherwise
 
     @property
     def num_target_features(self) -> int:
@@ -180,6 +183,8 @@ def _validate_kind(cfg: DrafterConfig, fail: Any) -> None:
     """The kind and its own fields (field names as in params: dspark.markov_rank, dflash2.conv_group_size...)."""
     if cfg.kind not in KINDS:
         fail("kind", f"{cfg.kind!r}: expected one of {', '.join(KINDS)}")
+    if cfg.kind == LILICORR:
+        lilicorr_spec.check(cfg, fail)
     if cfg.kind == DSPARK and cfg.markov_rank < 1:
         fail("dspark.markov_rank", f"must be >= 1, got {cfg.markov_rank}")
     if cfg.kind != DFLASH2:
@@ -244,13 +249,21 @@ def kind_fields(drafter: DrafterParams) -> dict[str, Any]:
         out.update(markov_rank=drafter.dspark.markov_rank, confidence_head=drafter.dspark.confidence_head)
     elif drafter.kind == DFLASH2:
         out.update({f: getattr(drafter.dflash2, f) for f in dataclasses.asdict(drafter.dflash2)})
+    elif drafter.kind == LILICORR:
+        out.update(lilicorr_spec.config_fields(drafter.lilicorr))
     return out
 
 
 def config_dict(config: DrafterConfig) -> dict:
-    return {
-        f.name: list(v) if isinstance(v := getattr(config, f.name), tuple) else v for f in dataclasses.fields(config)
-    }
+    """JSON-ready fields; a None section (lilicorr for the other kinds) is left out, so their hashes stay as they were."""
+    out = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if v is not None:
+            out[f.name] = (
+                dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v) if isinstance(v, tuple) else v
+            )
+    return out
 
 
 @dataclass(frozen=True)
@@ -274,6 +287,9 @@ def kind_cost(d: DrafterConfig) -> KindCost:
       slot the projection (H r) and K edge scores against the teacher-forced predecessor (K r) plus the K gathered
       unary logits (K H)."""
     h, v = d.hidden_size, d.vocab_size
+    if d.kind == LILICORR:  # the correlator and the optional body convs (dflash/drafter/lilicorr_spec.py)
+        parts = lilicorr_spec.parts(d)
+        return KindCost(sum(parts.values()), parts, lilicorr_spec.flops_per_slot(d), True)
     if d.kind == DSPARK:
         r = d.markov_rank
         parts = {"markov_head": 2 * v * r, "confidence_head": (h + r + 1) if d.confidence_head else 0}

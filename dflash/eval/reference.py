@@ -5,7 +5,8 @@ No vLLM here.
 Proposals, as vLLM 0.32 drafts each kind (docs/design/successors.md): dflash the argmax of every slot (one
 parallel pass); dspark the sequential Markov walk over its B-1 slots (dflash/drafter/dspark.py markov_walk);
 dflash2 the greedy walk over each slot's lm_head top-K with the candidate selector's edge scores
-(dflash/drafter/dflash2.py selector_walk). Confidence-gated adaptive verification stays off, as vLLM's default
+(dflash/drafter/dflash2.py selector_walk); lilicorr the same walk over the correlator's transition scores
+(dflash/drafter/lilicorr.py propose_step). Confidence-gated adaptive verification stays off, as vLLM's default
 (vLLM admits drafts against profiled GPU step costs, which a reference cannot replay).
 
 Temperature T > 0: speculative rejection sampling with draws from one seeded generator per prompt. Drafts come
@@ -55,6 +56,7 @@ import torch
 from dflash.core.errors import UserError
 from dflash.drafter.dflash2 import selector_walk
 from dflash.drafter.dspark import markov_walk
+from dflash.drafter.lilicorr import propose_step
 from dflash.drafter.model import DFlashDrafter, context_features
 from dflash.drafter.session import DraftSession
 
@@ -99,6 +101,8 @@ def propose(
         drafts, logits = markov_walk(drafter, lm_head(hidden).float(), bonus, pick)
     elif kind == "dflash2":  # slots 1..B-1, walked over their top-K candidates
         drafts, logits = selector_walk(drafter, hidden[1:], lm_head(hidden[1:]).float(), bonus, pick)
+    elif kind == "lilicorr":  # slots 1..B-1, walked over their top-K candidates with the correlator's scores
+        drafts, logits = propose_step(session, hidden, lm_head, pick)
     else:
         logits = lm_head(hidden[1:]).float()
         drafts = [pick(row, j) for j, row in enumerate(logits)]

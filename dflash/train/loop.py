@@ -158,7 +158,7 @@ class Trainer:
                 f"({self.rows_per_step} = batch_size x {self.accum} micro-steps x {self.world} processes)"
             )
         self.seed = base.seed
-        idle_losses = {f"{kind}_loss" for kind in ("dspark", "dflash2") if kind != self.cfg.kind}  # other kinds'
+        idle_losses = {f"{k}_loss" for k in ("dspark", "dflash2", "lilicorr") if k != self.cfg.kind}  # other kinds'
         key = {
             "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL and k not in idle_losses},
             "rows_per_step": self.rows_per_step,
@@ -314,7 +314,8 @@ class Trainer:
                         feats, block_embeds, m.anchors, m.doc_ids, b.position_ids.to(dev), self.backend, masks
                     )
                 chunk = self.tp.logits_chunk_blocks * c.block_size
-                out = micro_loss(self.model, hidden, m, self.loss_head, self.slot_w, normaliser, chunk, self.tp, final)
+                inputs = (hidden, m, self.loss_head, self.slot_w, normaliser, chunk, self.tp, final, self.embed, feats)
+                out = micro_loss(self.model, *inputs)
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
             correct += out.correct

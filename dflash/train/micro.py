@@ -4,7 +4,8 @@ MicroBatch: the micro-step's packed rows (dflash/train/data.py `Batch`, on the C
 them, moved to the drafter's device: tokens, documents, anchors, and the block labels with their valid flags
 (dflash/drafter/model.py `block_labels`: slot k of the block at anchor a is the token at a + k; every kind uses
 these labels, DSpark drafting position k from its query slot k - 1).
-micro_loss: the drafter.kind's loss of one micro-step: loss.py (dflash), loss_dspark.py, loss_dflash2.py.
+micro_loss: the drafter.kind's loss of one micro-step: loss.py (dflash), loss_dspark.py, loss_dflash2.py,
+loss_lilicorr.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dflash.train.data import Batch
 from dflash.train.loss import LMHead, LossOut, block_loss
 from dflash.train.loss_dflash2 import dflash2_loss
 from dflash.train.loss_dspark import dspark_loss
+from dflash.train.loss_lilicorr import lilicorr_loss
 
 
 @dataclass
@@ -52,9 +54,12 @@ def micro_loss(
     chunk_rows: int,
     tp: TrainParams,
     final: torch.Tensor | None,
+    embed: torch.nn.Module | None = None,
+    features: torch.Tensor | None = None,
 ) -> LossOut:
     """The loss of the drafter's kind over the drafter's output `hidden` of micro-step m (the caller backpropagates
-    it); `final`: the target's final hidden states (S, H) when the loss needs the target's own predictions."""
+    it); `final`: the target's final hidden states (S, H) when the loss needs the target's own predictions; `embed`
+    and `features` (S, K*H): the target's input embedding and the drafter's input features (lilicorr)."""
     common = {
         "slot_w": slot_w,
         "normaliser": normaliser,
@@ -70,6 +75,9 @@ def micro_loss(
     if kind == "dflash2":
         extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": tp.dflash2_loss}
         return dflash2_loss(hidden, m.labels, m.valid, head, **common, **extra)
+    if kind == "lilicorr":
+        extra = {"drafter": drafter, "embed": embed, "features": features, "doc_ids": m.doc_ids}
+        return lilicorr_loss(hidden, m.labels, m.valid, head, **common, **extra, weights=tp.lilicorr_loss)
     return block_loss(hidden, m.labels, m.valid, head, **common, weighting=tp.position_weighting)
 
 
