@@ -9,7 +9,9 @@
   export.py     z-lab native checkpoint save / load (config.json + body-only safetensors)
   dspark.py     DSparkDrafter: Markov head + confidence head on the DFlash backbone, the Markov walk
   dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
+  lilicorr.py   LiLiCorrDrafter: candidate-lattice correlator (+ optional convs), the lattice walk
+  lilicorr_spec.py  LiLiCorr's geometry checks, counts and export keys / tensor names (torch-free)
   kinds.py      build_drafter for every drafter.kind
 
-May import: dflash.core. geometry.py and flops.py import no torch (the plan stage uses them).
+May import: dflash.core. geometry.py, lilicorr_spec.py and flops.py import no torch (the plan stage uses them).
 """

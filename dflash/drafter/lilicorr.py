@@ -23,14 +23,17 @@ The walk (vLLM's candidate sampler): slot 0 takes the best start score, slot s t
 picked at slot s-1 (temperature 0), or draws from softmax(scores / T). The scores replace the lm_head logits: the
 draft distribution is the K scores, -inf elsewhere.
 
-Init: the body as DFlash's under the same seed (the convs identity), then the correlator's linears normal(0, std)
-with zero biases, the slot / rank embeddings normal(0, std), the attention biases zero, norms one.
+Init: the body as DFlash's under the same seed (the convs identity), then the correlator's linears (and the lattice
+QKV) uniform within 1 / sqrt(fan-in) (torch's default: at std 0.02 the candidate features fade through the five maps
+between them and the scores, and the scores barely learn) with zero biases, the slot / rank embeddings normal(0,
+std), the attention biases zero, norms one.
 
 Legend: H hidden (target), W correlator width, K candidate_top_k, n = B-1 drafted slots, F factor_dim, b blocks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -132,11 +135,12 @@ class LatticeCorrelator(nn.Module):
 
     def reset_parameters(self, std: float) -> None:
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=std)
+            if isinstance(m, nn.Linear):  # torch's fan-in scaled default: the candidate signal survives the depth
+                m.reset_parameters()
                 nn.init.zeros_(m.bias)
             elif isinstance(m, LatticeAttention):
-                nn.init.normal_(m.in_proj_weight, std=std)
+                bound = 1 / math.sqrt(m.in_proj_weight.shape[1])
+                nn.init.uniform_(m.in_proj_weight, -bound, bound)
                 nn.init.zeros_(m.in_proj_bias)
             elif isinstance(m, nn.RMSNorm | nn.LayerNorm):
                 m.reset_parameters()

@@ -7,17 +7,20 @@ through the choice, chunk by chunk like the lm_head loss) and their full-vocabul
 input embedding of those ids, and the drafter's hidden state; the anchor is the drafter's fused context feature
 (fc -> hidden_norm) at a - 1, in the anchor's document (else none).
   label   the target's greedy choice at a + k (its argmax at row a + k - 1): what greedy verification accepts.
-          A label outside the K candidates replaces the K-th one (its log-probability is then below every kept
-          candidate's, so the features stay ranked); the walk could not draft it, but the correlator learns it.
+          A slot whose label is not among its K candidates has no CE term: the walk cannot draft it whatever the
+          scores (the lm_head loss is what brings it into the top-K). Injecting it in the K-th place, as our DFlash2
+          loss does, taught the correlator "prefer the last candidate" while the lm_head was weak (3.5% teacher-forced
+          accuracy, below the lm_head's top-1 at 8%, on tests/integration/test_train_lilicorr.py's data).
   slot 0  CE over the K start scores (anchor -> candidate) toward the label's index;
   slot s  CE over the K transition scores after the LABEL's index at slot s-1 (teacher forcing: the walk's
-          predecessor when the draft so far was accepted) toward the label's index; counted when slot s-1 was
-          a valid slot too.
+          predecessor when the draft so far was accepted) toward the label's index; the slot counts when slot
+          s-1 was a valid slot whose label was a candidate (a draftable prefix).
   loss    correlator x sum_s w_k CE_s / normaliser, w_k the decay weights of the lm_head loss.
 Gradients reach the drafter through its hidden states (the pass projection) and its fused context feature (the
 anchor), and the correlator's own weights; the candidate log-probabilities and embeddings are inputs (no gradient:
-the lm_head loss trains the logits they come from). Accuracy per slot (the trainer's acc_k and tau_hat): the
-row's argmax is the label's index AND the label was a real candidate: what the walk drafts after a correct prefix.
+the lm_head loss trains the logits they come from). Accuracy per slot (the trainer's acc_k and tau_hat): over the
+counted slots, the label is a candidate and the row's argmax is its index: what the walk drafts after a correct
+prefix (a label outside the candidates counts as wrong).
 
 Legend: N blocks, B block size, n = B-1 drafted slots, K candidate_top_k, H hidden, S row positions.
 """
@@ -85,10 +88,8 @@ def correlator_loss(
     cand, label = candidates_and_labels(flat.detach(), target_hidden[rows.flatten()], head, k, chunk)
     cand, label = cand.view(n_blocks, b - 1, k), label.view(n_blocks, b - 1)
     hit = cand == label[..., None]
-    present = hit.any(dim=-1)
-    last = torch.where(present | ~ok, cand[..., -1], label)  # a missing label takes the K-th place
-    cand = torch.cat([cand[..., :-1], last[..., None]], dim=-1)
-    target = torch.where(present, hit.float().argmax(dim=-1), torch.full_like(label, k - 1))  # (N, n)
+    present = hit.any(dim=-1) & ok  # the label is one of the slot's candidates
+    target = hit.float().argmax(dim=-1)  # its index there (0 where absent: never read then)
     log_probs = candidate_log_probs(flat.detach(), head, cand.view(-1, k), chunk).view(n_blocks, b - 1, k)
     with torch.no_grad():
         token_embeds = embed(cand)
@@ -97,11 +98,11 @@ def correlator_loss(
     # the logits of slot s given its teacher-forced predecessor: start for s = 0, pairs[s-1, target[s-1]] after
     prev = target[:, :-1, None, None].expand(-1, -1, 1, k)
     logits = torch.cat([start[:, None], pairs.gather(2, prev)[:, :, 0]], dim=1).float()  # (N, n, K)
-    counted_rows = ok & torch.cat([torch.ones_like(ok[:, :1]), ok[:, :-1]], dim=1)
+    counted_rows = ok & torch.cat([torch.ones_like(ok[:, :1]), present[:, :-1]], dim=1)  # the prefix was draftable
     ce = torch.logsumexp(logits, dim=-1) - logits.gather(-1, target[..., None])[..., 0]
     w = slot_w.to(h.device)[1:].expand_as(ce) / normaliser
     slot = torch.arange(1, b, device=h.device).expand_as(ce)
-    loss = (ce * w)[counted_rows].sum()
+    loss = (ce * w)[counted_rows & present].sum()
     right = counted_rows & present & (logits.argmax(dim=-1) == target)
     return loss, torch.bincount(slot[right], minlength=b), torch.bincount(slot[counted_rows], minlength=b)
 
