@@ -190,13 +190,15 @@ def small_drafter_config(target_config, layers: int):
 def kind_drafter_params(kind: str, mask_token_id: int = 511, **changes):
     """params.yaml's drafter section as `kind`, small: 2 layers of 2 x 32 heads (1 KV head), FFN 96, block 4,
     features from target layers 0 and 2, Markov / selector rank 8, top-K 5. `changes` override any field; the
-    kind fields go by their own names (markov_rank, conv_kernel_size, conv_group_size, selector_rank, selector_top_k)."""
+    kind fields go by their own names (markov_rank, conv_kernel_size, conv_group_size, selector_rank, selector_top_k;
+    lilicorr: a dict of its section's fields, defaults candidate_top_k 4, num_heads 2, factor_dim 16)."""
     import dataclasses
 
     d = repo_params().drafter
     dspark = {"markov_rank": changes.pop("markov_rank", 8)}
     keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
     dflash2 = {"selector_rank": 8, "selector_top_k": 5} | {k: changes.pop(k) for k in keys if k in changes}
+    lilicorr = {"candidate_top_k": 4, "num_heads": 2, "factor_dim": 16} | changes.pop("lilicorr", {})
     geometry = {
         "num_hidden_layers": 2,
         "num_attention_heads": 2,
@@ -213,6 +215,7 @@ def kind_drafter_params(kind: str, mask_token_id: int = 511, **changes):
         mask_token_id=mask_token_id,
         dspark=dataclasses.replace(d.dspark, **dspark),
         dflash2=dataclasses.replace(d.dflash2, **dflash2),
+        lilicorr=dataclasses.replace(d.lilicorr, **lilicorr),
     )
 
 

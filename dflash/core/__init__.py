@@ -1,6 +1,7 @@
 """Shared cores every stage builds on; no stage logic here.
 
-  params.py, loader.py   the params schema (dataclasses) and its strict loader (-S overrides, overlays)
+  params.py, loader.py   the params schema (dataclasses) and its strict loader (-S overrides, overlays);
+                         params_plan.py its plan section
   yamlio.py              the ONE YAML reading (DVC's: YAML 1.2 core schema, duplicate keys refused)
   cli.py, errors.py      the stages' command line; UserError, the one error type a user can fix
   paths.py               output folders that overlap each other or an input are refused before any stage runs

@@ -5,13 +5,21 @@ the file into it strictly (unknown, missing or wrongly typed keys are errors nam
 path). Each field is documented once here, in the same words as its comment in `params.yaml`
 (tests/unit/core/test_config.py keeps the two in sync). Required fields have no defaults: params.yaml must say them.
 
-Imports nothing of ours, so that everything may import it.
+Imports nothing of ours but its plan section (params_plan.py), so that everything may import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from dflash.core.params_plan import (  # noqa: F401  (the plan section, re-exported)
+    PlanDatasetParams,
+    PlanGenerationParams,
+    PlanParams,
+    PlanServingParams,
+    PlanTrainParams,
+)
 
 
 def kv_cache_bytes(gb: float) -> int | None:
@@ -104,13 +112,29 @@ class DFlash2Params:
 
 
 @dataclass(frozen=True)
+class LiLiCorrParams:
+    """drafter.kind lilicorr: the candidate-lattice correlator LiLiCorr adds to DFlash (dflash/drafter/lilicorr.py)."""
+
+    candidate_top_k: int  # candidates per drafted slot from the lm_head's top-K; a power of two <= 16 (vLLM's rule)
+    hidden_size: int  # width of the correlator (0 = the target's hidden size, no token projection)
+    num_layers: int  # correlator layers (attention over the whole candidate lattice + MLP)
+    num_heads: int  # attention heads of the correlator; must divide its width
+    mlp_ratio: float  # the correlator MLP's width over its hidden size
+    factor_dim: int  # width of the normalized outgoing / incoming vectors whose dot products score transitions
+    logit_scale: float  # transition logits = logit_scale x cosine of those vectors
+    vector_eps: float  # epsilon of the vectors' normalization
+    conv_kernel_size: int  # taps of DFlash2's grouped causal convs in the body (0 = a plain DFlash body)
+    conv_group_size: int  # channels per predicted tap coefficient (0 with conv_kernel_size 0, else divides the hidden)
+
+
+@dataclass(frozen=True)
 class DrafterParams:
     """The drafter's OWN geometry. Hidden size and vocabulary come from the target (enforced);
     nothing else is copied from it (the 27B regeneration case's bug: head_dim / heads / KV heads taken from the target)."""
 
     kind: Literal[
-        "dflash", "dspark", "dflash2"
-    ]  # dflash: one parallel block; dspark: + sequential Markov head + confidence head; dflash2: + grouped convs + candidate selector
+        "dflash", "dspark", "dflash2", "lilicorr"
+    ]  # dflash: one parallel block; dspark: + sequential Markov head + confidence head; dflash2: + grouped convs + candidate selector; lilicorr: + candidate-lattice correlator
     num_hidden_layers: int  # drafter decoder layers (paper: 5)
     num_attention_heads: int  # the drafter's own query heads (Qwen3.6-27B drafter: 32)
     num_key_value_heads: int  # the drafter's own KV heads (Qwen3.6-27B drafter: 8)
@@ -128,6 +152,7 @@ class DrafterParams:
     draft_vocab_size: int  # tokens the drafter can propose (its own lm_head rows + vLLM's d2t table): the most frequent training loss tokens + the tokenizer's added tokens; 0 = the target's whole vocabulary (dflash only)
     dspark: DSparkParams  # drafter.kind dspark: Markov rank, confidence head on/off
     dflash2: DFlash2Params  # drafter.kind dflash2: conv taps and group size, selector rank and top-K
+    lilicorr: LiLiCorrParams  # drafter.kind lilicorr: the correlator's candidates, width, layers, factors; body convs
 
 
 @dataclass(frozen=True)
@@ -182,98 +207,6 @@ class GenerateParams:
     server_failure_window: int  # servers backend: a server's last requests the failure share is taken over
     pilot_sweep: list[int]  # pilot: in-flight levels measured on one server started at the largest; [] = no sweep
     sampling: GenerateSamplingParams
-
-
-@dataclass(frozen=True)
-class PlanDatasetParams:
-    """Dataset fallbacks for the plan, used until the audit / tokenize / pilot metrics exist."""
-
-    num_prompts: int  # prompts to complete (audit.json num_conversations replaces it when present)
-    mean_prompt_tokens: float  # mean prompt length in target tokens (audit.json mean_prompt_tokens replaces it)
-    mean_output_tokens: float  # assumed mean completion length in tokens (pilot.json mean_output_tokens replaces it)
-    output_tokens_low: float  # low end of the assumed mean completion length (the estimate's range)
-    output_tokens_high: float  # high end of the assumed mean completion length (the estimate's range)
-
-
-@dataclass(frozen=True)
-class PlanGenerationParams:
-    """How close generation gets to the hardware peaks, and cache types. The engine settings themselves
-    (tensor_parallel_size, gpu_memory_utilization, max_num_seqs, max_model_len) are read from `generate`,
-    so the plan always models the engines the generate stage will really start."""
-
-    kv_cache_dtype: Literal["bf16", "fp8"]  # KV cache element type of full-attention layers
-    ssm_state_dtype: Literal[
-        "auto", "bf16", "fp32"
-    ]  # Gated DeltaNet recurrent state type in the engine's cache; auto = the target config's mamba_ssm_dtype as vLLM reads it (fp32 for Qwen3.6), else bf16
-    activation_reserve_gb: float  # per GPU, inside gpu_memory_utilization: activations, CUDA graphs, sampler
-    bandwidth_efficiency: float  # share of peak memory bandwidth a decode step reaches (H200 copy: 0.89 measured)
-    decode_mfu: float  # share of dense BF16 peak a compute-bound decode step reaches
-    prefill_mfu: float  # share of dense BF16 peak prefill reaches
-    output_length_cv: float  # coefficient of variation of output lengths (long ones stay resident longer)
-
-
-@dataclass(frozen=True)
-class PlanTrainParams:
-    """Training assumptions only the plan needs. The plan reads max_length, num_anchors, epochs, batch_size
-    and grad_accum_steps from the `train` section (what the train stage runs)."""
-
-    num_gpus: int  # GPUs for training; 0 = plan.num_gpus
-    layout: Literal["auto", "single", "split", "data_parallel"]  # headline device layout; auto = fastest that fits
-    split_target_gpus: int  # split layout: GPUs holding the target (the others hold the drafter)
-    mfu: float  # share of dense BF16 peak training reaches
-    state_bytes_per_param: int  # drafter bytes/param: bf16 weight 2 + bf16 grad 2 + fp32 master 4 + AdamW 4 + 4
-    shard_optimizer: bool  # shard grads + optimizer states over the drafter's data-parallel ranks (ZeRO-2 / FSDP)
-    logits_chunk_blocks: int  # blocks whose logits exist at once (chunked loss)
-    runtime_reserve_gb: float  # per GPU: CUDA context, allocator slack, kernels' workspace
-
-
-@dataclass(frozen=True)
-class PlanServingParams:
-    """Serving speed the plan predicts (dflash/plan/serving.py): speculative decoding against plain decoding on the
-    planned hardware, with the whole vocabulary and with a pruned draft vocabulary."""
-
-    acceptance: list[
-        float
-    ]  # acceptance per drafted position (P(position k accepted)); [] = assumed_tau, or eval.json's when assumed_tau is 0
-    assumed_tau: float  # tau assumed when no acceptance is given (spread geometrically over the drafted positions); 0 = eval.json's acceptance
-    draft_vocab_size: int  # the pruned draft vocabulary compared with the whole one (rows of the drafter's lm_head); 0 = no comparison
-    draft_vocab_coverage: (
-        float  # share of target tokens inside that vocabulary (position k is accepted with coverage^k of its rate)
-    )
-    batch_sizes: list[int]  # concurrent sequences per engine the prediction is made at (1 = latency)
-
-
-@dataclass(frozen=True)
-class PlanParams:
-    """Stage `plan`: time, memory and cost estimates from configs, a GPU profile and measurements."""
-
-    target_config: str  # target config.json to plan for; "" = ${base.target_dir}/config.json
-    hardware_file: str  # hardware profiles file (memory, bandwidth, dense matmul peaks, interconnect, source)
-    hardware: str  # profile name in hardware_file (a GPU, or the CPU host benchmarks/hw_probe.py measured)
-    num_gpus: int  # GPUs of that profile
-    price_per_gpu_hour: float  # USD per GPU-hour for the cost lines; 0 = the profile's price (0 there = no cost)
-    weight_dtype: Literal[
-        "bf16", "fp8", "fp32"
-    ]  # target weights: bf16, fp8 matmul weights (embeddings stay bf16), or fp32 (a CPU demo engine)
-    audit_json: str  # audit metrics read when present; "" = ${base.reports_dir}/audit.json
-    tokenize_json: str  # tokenize metrics read when present; "" = ${base.reports_dir}/tokenize.json
-    pilot_json: str  # generate pilot metrics read when present; "" = ${base.reports_dir}/pilot.json
-    train_pilot_json: str  # training pilot metrics read when present; "" = ${base.reports_dir}/train_pilot.json
-    generate_json: (
-        str  # the generate stage's metrics, compared with the plan when present; "" = ${base.reports_dir}/generate.json
-    )
-    train_json: (
-        str  # the train stage's metrics, compared with the plan when present; "" = ${base.reports_dir}/train.json
-    )
-    gpu_counts: list[int]  # GPU counts for the time-vs-GPUs table and plots
-    deadline_hours: float  # wall-clock deadline for generation + training: the plan sizes the smallest cluster that meets it; 0 = off
-    gpus_per_node: int  # GPUs per node of the deadline's cluster (engines and split processes stay inside a node)
-    internode_gbps: float  # GB/s per direction between nodes (all NICs of a node: 400 Gb/s = 50), gradient all-reduce
-    allreduce_overlap: float  # share of the last micro-step's drafter backward that hides the gradient all-reduce (DDP buckets); 0 = none
-    dataset: PlanDatasetParams
-    generation: PlanGenerationParams
-    train_assumptions: PlanTrainParams
-    serving: PlanServingParams
 
 
 @dataclass(frozen=True)
@@ -426,6 +359,15 @@ class DFlash2LossParams:
 
 
 @dataclass(frozen=True)
+class LiLiCorrLossParams:
+    """drafter.kind lilicorr: the weight of the correlator's transition loss beside the lm_head loss."""
+
+    correlator: (
+        float  # cross-entropy of each slot's transition logits after the true predecessor, the target's argmax as label
+    )
+
+
+@dataclass(frozen=True)
 class TrainParams:
     """Stage `train`: online DFlash training (target hidden states computed in-process; see dflash/train/loop.py).
     Reads `${tokenize.out}/train/shard-*.arrow`. Keys that do not change the trained weights (paths, logging,
@@ -458,6 +400,7 @@ class TrainParams:
     loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
     dspark_loss: DSparkLossParams  # drafter.kind dspark: weights of its CE, L1 and confidence terms
     dflash2_loss: DFlash2LossParams  # drafter.kind dflash2: weight of the selector's top-K loss
+    lilicorr_loss: LiLiCorrLossParams  # drafter.kind lilicorr: weight of the correlator's transition loss
     logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
     feature_noise: float  # uniform noise in [-x, x] added to the target features (0 = off; one public trainer: 0.05)
     attention: Literal["auto", "sdpa", "flex"]  # drafter attention backend; auto = flex on CUDA, sdpa on CPU

@@ -117,6 +117,8 @@ EVAL = {
     "ngram_num_speculative_tokens": at_least(0),
     "prompt_lookup_min": at_least(1),
     "engine_timeout_s": at_least(1),
+    "speed_rounds": at_least(0),  # 0 = the engines' own timed runs, one after another
+    "speed_prompts": at_least(0),  # 0 = all held-out prompts
     **ENGINE,
 }
 PROMPT_SET = {"num_prompts": at_least(0)}

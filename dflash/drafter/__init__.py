@@ -9,10 +9,12 @@
   export.py     z-lab native checkpoint save / load (config.json + body-only safetensors)
   dspark.py     DSparkDrafter: Markov head + confidence head on the DFlash backbone, the Markov walk
   dflash2.py    DFlash2Drafter: grouped causal convs + candidate selector, the selector walk
+  lilicorr.py   LiLiCorrDrafter: candidate-lattice correlator (+ optional convs), the lattice walk
+  lilicorr_spec.py  LiLiCorr's geometry checks, counts and export keys / tensor names (torch-free)
   kinds.py      the registry: one KindSpec per drafter.kind, the one place that names the kinds (torch-free)
   build.py      build_drafter for every drafter.kind (imports every kind's module)
   vocab.py      the pruned draft vocabulary: build rule, d2t / t2d tables, coverage (torch-free)
   draft_head.py DraftHead: the drafter's own lm_head over that vocabulary (training, export, reference)
 
-May import: dflash.core. geometry.py, kinds.py, vocab.py and flops.py import no torch (the plan stage uses them).
+May import: dflash.core. geometry.py, kinds.py, lilicorr_spec.py, vocab.py and flops.py import no torch (the plan stage uses them).
 """

@@ -10,7 +10,8 @@ import torch
 
 import dflash.drafter.dflash2
 import dflash.drafter.dspark
-import dflash.drafter.model  # noqa: F401  (with the two above: every kind's module, named by its KindSpec)
+import dflash.drafter.lilicorr
+import dflash.drafter.model  # noqa: F401  (with the three above: every kind's module, named by its KindSpec)
 from dflash.drafter.geometry import DrafterConfig
 from dflash.drafter.kinds import resolve, spec_for
 from dflash.drafter.model import DFlashDrafter

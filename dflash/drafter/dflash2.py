@@ -186,14 +186,14 @@ def selector_walk(
 
 
 def draft_step(
-    drafter: DFlash2Drafter,
+    session: Any,
     hidden: torch.Tensor,
     lm_head: Callable[[torch.Tensor], torch.Tensor],
     bonus: int,
     pick: Any,
 ) -> tuple[list[int], torch.Tensor]:
     """DFlash2's decode step (the reference evaluator's): slots 1..B-1, walked over their top-K candidates."""
-    return selector_walk(drafter, hidden[1:], lm_head(hidden[1:]).float(), bonus, pick)
+    return selector_walk(session.drafter, hidden[1:], lm_head(hidden[1:]).float(), bonus, pick)
 
 
 __all__ = [

@@ -130,11 +130,11 @@ def markov_walk(
 
 
 def draft_step(
-    drafter: DSparkDrafter, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], bonus: int, pick: Any
+    session: Any, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], bonus: int, pick: Any
 ) -> tuple[list[int], torch.Tensor]:
     """DSpark's decode step (the reference evaluator's): its B-1 slots, each drafting the next token, the Markov bias
     fed the previous draft (markov_walk)."""
-    return markov_walk(drafter, lm_head(hidden).float(), bonus, pick)
+    return markov_walk(session.drafter, lm_head(hidden).float(), bonus, pick)
 
 
 __all__ = ["ConfidenceHead", "DSparkDrafter", "MarkovHead", "draft_step", "markov_walk"]

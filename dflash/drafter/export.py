@@ -22,6 +22,8 @@ The successor kinds (docs/design/successors.md "Export") keep that body and add 
            (its slots: our block_size - 1), mask_token_id, target_layer_ids, markov_rank, enable_confidence_head,
            confidence_head_with_markov (always written: vLLM's default differs from the trainers'),
            sample_from_anchor; tensors markov_head.markov_w{1,2}.weight, confidence_head.proj.{weight,bias}
+  lilicorr architectures ["LiLiCorrDraftModel"] (method "dflash"); dflash_config adds the lilicorr_* keys and
+           conv_kernel_size / conv_group_size; tensors lilicorr.* (+ the convs): dflash/drafter/lilicorr_spec.py
 Serve every kind with num_speculative_tokens = block_size - 1 (speculative_config()).
 
 A pruned draft vocabulary (drafter.draft_vocab_size D > 0, dflash/drafter/vocab.py) adds `draft_vocab_size` to

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash.core.errors import ParamsError, UserError
-from dflash.core.params import DrafterParams
+from dflash.core.params import DrafterParams, LiLiCorrParams
 from dflash.core.target_config import as_target_arch
 from dflash.drafter.kinds import DFLASH, KINDS, KindCost, spec_for
 from dflash.drafter.vocab import check_draft_vocab
@@ -46,14 +46,15 @@ class DrafterConfig:
     mask_token_id: int  # embedding row used for slots 1..B-1
     target_layer_ids: tuple[int, ...]  # target layer outputs feeding fc (HF hidden_states[id + 1])
     num_target_layers: int  # decoder layers of the target the ids refer to
-    kind: str = DFLASH  # dflash | dspark | dflash2; the fields below are 0 / False unless their kind is chosen
+    kind: str = DFLASH  # dflash | dspark | dflash2 | lilicorr; the fields below are 0 / False / None unless chosen
     markov_rank: int = 0  # dspark: r of the Markov head
     confidence_head: bool = False  # dspark: the acceptance-confidence head exists
-    conv_kernel_size: int = 0  # dflash2: taps of the grouped causal convs
-    conv_group_size: int = 0  # dflash2: channels per predicted tap coefficient
+    conv_kernel_size: int = 0  # dflash2 (lilicorr: optional): taps of the grouped causal convs
+    conv_group_size: int = 0  # dflash2 (lilicorr: optional): channels per predicted tap coefficient
     selector_rank: int = 0  # dflash2: r of the candidate selector
     selector_top_k: int = 0  # dflash2: candidates ranked per slot
     draft_vocab_size: int = 0  # D rows of the drafter's own lm_head (dflash/drafter/vocab.py); 0 = the target's V
+    lilicorr: LiLiCorrParams | None = None  # lilicorr: its correlator (dflash/drafter/lilicorr_spec.py); None otherwise
 
     @property
     def num_target_features(self) -> int:
@@ -232,9 +233,15 @@ def kind_fields(drafter: DrafterParams) -> dict[str, Any]:
 
 
 def config_dict(config: DrafterConfig) -> dict:
-    return {
-        f.name: list(v) if isinstance(v := getattr(config, f.name), tuple) else v for f in dataclasses.fields(config)
-    }
+    """JSON-ready fields; a None section (lilicorr for the other kinds) is left out, so their hashes stay as they were."""
+    out = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if v is not None:
+            out[f.name] = (
+                dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v) if isinstance(v, tuple) else v
+            )
+    return out
 
 
 def kind_cost(d: DrafterConfig) -> KindCost:

@@ -4,6 +4,8 @@ dflash   DFlashDrafter (dflash/drafter/model.py), loss dflash/train/loss.py
 dspark   DSparkDrafter (dflash/drafter/dspark.py): + Markov head + confidence head, loss dflash/train/loss_dspark.py
 dflash2  DFlash2Drafter (dflash/drafter/dflash2.py): + grouped causal convs + candidate selector, loss
          dflash/train/loss_dflash2.py
+lilicorr LiLiCorrDrafter (dflash/drafter/lilicorr.py): + candidate-lattice correlator (+ optional grouped convs), its
+         torch-free rules in dflash/drafter/lilicorr_spec.py, loss dflash/train/loss_lilicorr.py
 
 Every other file asks the spec (`spec_for(kind)`, `KINDS[kind]`) instead of testing the kind's name
 (tests/unit/project/test_kind_dispatch.py holds it so): a new kind is its own module(s) plus its entry here.
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash.core.errors import UserError
+from dflash.drafter import lilicorr_spec
+from dflash.drafter.lilicorr_spec import LILICORR
 
 DFLASH = "dflash"
 DSPARK = "dspark"
@@ -62,6 +66,7 @@ class KindSpec:
     session_greedy: bool  # greedy drafts come from DraftSession.draft (one pass, argmax per slot), not decode_step
     loss: str  # "module:function" of its training loss (dflash.train)
     loss_params: str | None  # TrainParams field holding its loss weights; None: the block loss (position weighting)
+    loss_inputs: tuple[str, ...]  # what its own loss reads of the micro-step (dflash/train/micro.py), beside weights
     query_slots: Callable[[int], int]  # block_size -> slots of one drafter block
     cost: Callable[[Any], KindCost]  # cfg -> parameters and FLOPs beside the DFlash body
     architecture: str  # config.json architectures[0] (the vLLM model class it loads through)
@@ -74,9 +79,21 @@ class KindSpec:
     check: Callable[[Any, Fail], None] = _nothing  # (cfg, fail): its own fields, named as params name them
     params_fields: Callable[[Any], dict[str, Any]] = _no_fields  # DrafterParams -> its own DrafterConfig fields
     layer_weights: tuple[str, ...] = ()  # its tensors inside each `layers.{i}.` beside the body's
-    weights: Callable[[Any], list[str]] = _no_weights  # cfg -> its tensors outside the layers
+    weights: Callable[[Any], list[str]] = _no_weights  # cfg -> its other tensors (outside the layers, or in some)
     write_config: Callable[[Any, dict], None] = _nothing  # (cfg, config.json dict) -> its own keys written into it
     read_fields: Callable[[dict, Need, Path], dict[str, Any]] = _no_fields  # (config.json, need, path) -> cfg fields
+
+
+def _lilicorr_cost(d: Any) -> KindCost:
+    parts = lilicorr_spec.parts(d)
+    return KindCost(sum(parts.values()), parts, lilicorr_spec.flops_per_slot(d), True)
+
+
+def _lilicorr_read_fields(raw: dict, need: Need, path: Path) -> dict[str, Any]:
+    try:
+        return lilicorr_spec.read_export_config(raw.get("dflash_config") or {}, need)
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}") from exc
 
 
 def resolve(reference: str) -> Any:
@@ -215,6 +232,7 @@ KINDS: dict[str, KindSpec] = {
         session_greedy=True,
         loss="dflash.train.loss:block_loss",
         loss_params=None,
+        loss_inputs=(),
         query_slots=lambda block_size: block_size,  # the anchor + B-1 mask slots, slot k drafting anchor + k
         cost=lambda _d: KindCost(0, {}, 0.0, False),
         architecture="DFlashDraftModel",
@@ -231,6 +249,7 @@ KINDS: dict[str, KindSpec] = {
         session_greedy=False,
         loss="dflash.train.loss_dspark:dspark_loss",
         loss_params="dspark_loss",
+        loss_inputs=("drafter", "input_ids"),
         query_slots=lambda block_size: block_size - 1,  # the anchor + B-2 masks, slot k drafting anchor + k + 1
         check=_dspark_check,
         params_fields=lambda p: {"markov_rank": p.dspark.markov_rank, "confidence_head": p.dspark.confidence_head},
@@ -257,6 +276,7 @@ KINDS: dict[str, KindSpec] = {
         session_greedy=False,
         loss="dflash.train.loss_dflash2:dflash2_loss",
         loss_params="dflash2_loss",
+        loss_inputs=("drafter", "input_ids"),
         query_slots=lambda block_size: block_size,  # as DFlash's
         check=_dflash2_check,
         params_fields=lambda p: {f: getattr(p.dflash2, f) for f in _DFLASH2_FIELDS},
@@ -274,6 +294,28 @@ KINDS: dict[str, KindSpec] = {
         read_block=_read_dflash_block,
         read_fields=_dflash2_read_fields,
     ),
+    LILICORR: KindSpec(
+        name=LILICORR,
+        drafter_class="dflash.drafter.lilicorr:LiLiCorrDrafter",
+        decode_step="dflash.drafter.lilicorr:draft_step",
+        session_greedy=False,
+        loss="dflash.train.loss_lilicorr:lilicorr_loss",
+        loss_params="lilicorr_loss",
+        loss_inputs=("drafter", "embed", "features", "doc_ids"),
+        query_slots=lambda block_size: block_size,  # as DFlash's
+        check=lilicorr_spec.check,
+        params_fields=lambda p: lilicorr_spec.config_fields(p.lilicorr),
+        cost=_lilicorr_cost,
+        architecture=lilicorr_spec.ARCHITECTURE,
+        vllm_method="dflash",  # config.json's architectures select vLLM's LiLiCorr speculator (V2 runner only)
+        v1_runner=False,
+        draft_vocab=False,
+        config_keys={**_DFLASH_CONFIG_KEYS, **lilicorr_spec.validation_keys()},
+        weights=lilicorr_spec.tensor_names,
+        write_config=lambda cfg, out: out["dflash_config"].update(lilicorr_spec.export_config(cfg)),
+        read_block=_read_dflash_block,
+        read_fields=_lilicorr_read_fields,
+    ),
 }
 
-__all__ = ["DFLASH", "DFLASH2", "DSPARK", "KINDS", "KindCost", "KindSpec", "resolve", "spec_for"]
+__all__ = ["DFLASH", "DFLASH2", "DSPARK", "KINDS", "LILICORR", "KindCost", "KindSpec", "resolve", "spec_for"]

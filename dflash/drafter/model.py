@@ -192,7 +192,7 @@ def build_drafter(config: DrafterConfig, device: str | torch.device = "cpu", dty
 
 @torch.no_grad()
 def draft_step(
-    drafter: DFlashDrafter, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], bonus: int, pick: Any
+    session: Any, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], bonus: int, pick: Any
 ) -> tuple[list[int], torch.Tensor]:
     """DFlash's decode step (the reference evaluator's, dflash/eval/reference.py): hidden (B, H) of one block; slots
     1..B-1 each draft their own token, independently. Returns the drafts and their (B-1, V) logits."""

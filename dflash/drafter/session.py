@@ -28,6 +28,7 @@ class DraftSession:
         self.k = [empty] * c.num_hidden_layers
         self.v = [empty] * c.num_hidden_layers
         self.length = 0
+        self.anchor: torch.Tensor | None = None  # (H,) fused context feature of the last cached position (lilicorr)
 
     @torch.no_grad()
     def extend(self, features: torch.Tensor, positions: torch.Tensor | None = None) -> None:
@@ -43,6 +44,7 @@ class DraftSession:
             self.k[i] = torch.cat([self.k[i], k])
             self.v[i] = torch.cat([self.v[i], v])
         self.length += T
+        self.anchor = ctx[-1] if T else self.anchor
 
     def _mask(self, kind: str, device: torch.device) -> torch.Tensor:
         """(B, length + B): all cached context (sliding: within the window); the block per layer type. B: the

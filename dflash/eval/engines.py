@@ -42,7 +42,7 @@ def speculative_config(
     kind: str, e: EvalParams, drafter_dir: str, block_size: int, drafter_kind: str = "dflash"
 ) -> dict | None:
     """vLLM speculative_config of an engine configuration (None = no speculation). A DSpark drafter is vLLM's
-    method "dspark"; DFlash2 is method "dflash" (its config.json architectures select the DFlash2 speculator);
+    method "dspark"; DFlash2 and LiLiCorr are method "dflash" (their config.json architectures select the speculator);
     every kind drafts block_size - 1 tokens (dflash/drafter/export.py)."""
     if kind == "none":
         return None

@@ -5,7 +5,8 @@ No vLLM here.
 Proposals, as vLLM 0.32 drafts each kind (docs/design/successors.md): dflash the argmax of every slot (one
 parallel pass); dspark the sequential Markov walk over its B-1 slots (dflash/drafter/dspark.py markov_walk);
 dflash2 the greedy walk over each slot's lm_head top-K with the candidate selector's edge scores
-(dflash/drafter/dflash2.py selector_walk). Confidence-gated adaptive verification stays off, as vLLM's default
+(dflash/drafter/dflash2.py selector_walk); lilicorr the same walk over the correlator's transition scores
+(dflash/drafter/lilicorr.py propose_step). Confidence-gated adaptive verification stays off, as vLLM's default
 (vLLM admits drafts against profiled GPU step costs, which a reference cannot replay).
 
 Temperature T > 0: speculative rejection sampling with draws from one seeded generator per prompt. Drafts come
@@ -88,13 +89,12 @@ def propose(
     """The drafter.kind's B-1 drafts after `bonus` at `start` (module docstring) and, when `choose` draws
     (T > 0), the (B-1, V) logits they were drawn from. choose None: greedy, and dflash's drafts come from
     DraftSession.draft exactly as they always did."""
-    drafter = session.drafter
-    spec = spec_for(drafter.config.kind)
+    spec = spec_for(session.drafter.config.kind)
     if spec.session_greedy and choose is None:
         return session.draft(bonus, start), None
     hidden = session.draft_hidden(bonus, start)
     # the kind's decode step (dflash/drafter/kinds.py names it: dspark's Markov walk, dflash2's selector walk, ...)
-    drafts, logits = resolve(spec.decode_step)(drafter, hidden, lm_head, bonus, choose or _argmax)
+    drafts, logits = resolve(spec.decode_step)(session, hidden, lm_head, bonus, choose or _argmax)
     return drafts, (logits if choose is not None else None)
 
 

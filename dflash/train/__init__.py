@@ -1,4 +1,4 @@
-"""Stage `train`: the drafter (drafter.kind: dflash | dspark | dflash2) trained online against the target, then exported.
+"""Stage `train`: the drafter (drafter.kind: dflash | dspark | dflash2 | lilicorr) trained online against the target, then exported.
 
   data.py         training shards -> packed rows, per-document anchors, batches
   features.py     the target in-process: hooks keep only the feature layers and stop the forward there
@@ -8,6 +8,7 @@
   loss_dspark.py  DSpark: Markov-corrected CE + L1 to the target's distribution + confidence BCE, chunked
   loss_dflash2.py DFlash2: the lm_head loss + the candidate selector's top-K cross-entropy
   draft_vocab.py  drafter.draft_vocab_size: the run's pruned vocabulary, its loss head, label mask and coverage
+  loss_lilicorr.py LiLiCorr: the lm_head loss + the correlator's teacher-forced transition cross-entropy
   checkpoint.py   atomic config-hashed checkpoints (safetensors + weights-only state), provenance
   distributed.py  ranks (global vs local), devices, the global batch over any world size, collectives, checks
   parallel.py     the drafter's wrapper (train.parallel: ddp | fsdp = FSDP2), full checkpoint state, export copy

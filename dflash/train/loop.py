@@ -312,7 +312,8 @@ class Trainer:
                         feats, block_embeds, m.anchors, m.doc_ids, b.position_ids.to(dev), self.backend, masks
                     )
                 chunk = self.tp.logits_chunk_blocks * c.block_size
-                out = micro_loss(self.model, hidden, m, self.loss_head, self.slot_w, normaliser, chunk, self.tp, final)
+                inputs = (hidden, m, self.loss_head, self.slot_w, normaliser, chunk, self.tp, final, self.embed, feats)
+                out = micro_loss(self.model, *inputs)
                 out.loss.backward()
             loss_sum += out.loss.detach().double() / self.world
             correct += out.correct

@@ -4,7 +4,8 @@ MicroBatch: the micro-step's packed rows (dflash/train/data.py `Batch`, on the C
 them, moved to the drafter's device: tokens, documents, anchors, and the block labels with their valid flags
 (dflash/drafter/model.py `block_labels`: slot k of the block at anchor a is the token at a + k; every kind uses
 these labels, DSpark drafting position k from its query slot k - 1).
-micro_loss: the drafter.kind's loss of one micro-step: loss.py (dflash), loss_dspark.py, loss_dflash2.py.
+micro_loss: the drafter.kind's loss of one micro-step: loss.py (dflash), loss_dspark.py, loss_dflash2.py,
+loss_lilicorr.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from dflash.core.params import TrainParams
 from dflash.drafter.kinds import resolve, spec_for
 from dflash.drafter.model import block_labels
-from dflash.train import loss_dflash2, loss_dspark  # noqa: F401  (with loss.py: every KindSpec.loss, by name)
+from dflash.train import loss_dflash2, loss_dspark, loss_lilicorr  # noqa: F401  (with loss.py: every KindSpec.loss, by name)
 from dflash.train.data import Batch
 from dflash.train.loss import LMHead, LossOut
 
@@ -61,9 +62,12 @@ def micro_loss(
     chunk_rows: int,
     tp: TrainParams,
     final: torch.Tensor | None,
+    embed: torch.nn.Module | None = None,
+    features: torch.Tensor | None = None,
 ) -> LossOut:
     """The loss of the drafter's kind over the drafter's output `hidden` of micro-step m (the caller backpropagates
-    it); `final`: the target's final hidden states (S, H) when the loss needs the target's own predictions."""
+    it); `final`: the target's final hidden states (S, H) when the loss needs the target's own predictions; `embed`
+    and `features` (S, K*H): the target's input embedding and the drafter's input features (lilicorr)."""
     common = {
         "slot_w": slot_w,
         "normaliser": normaliser,
@@ -73,8 +77,15 @@ def micro_loss(
         "anchors": m.anchors,
     }
     spec = spec_for(drafter.config.kind)
-    if spec.loss_params:  # a kind's own loss: its weights, and what it reads of the drafter and the tokens
-        extra = {"drafter": drafter, "input_ids": m.input_ids, "weights": getattr(tp, spec.loss_params)}
+    if spec.loss_params:  # a kind's own loss: its weights, and what it reads of the micro-step (spec.loss_inputs)
+        inputs = {
+            "drafter": drafter,
+            "input_ids": m.input_ids,
+            "embed": embed,
+            "features": features,
+            "doc_ids": m.doc_ids,
+        }
+        extra = {k: inputs[k] for k in spec.loss_inputs} | {"weights": getattr(tp, spec.loss_params)}
     else:  # the block loss, weighted by train.position_weighting
         extra = {"weighting": tp.position_weighting}
     return resolve(spec.loss)(hidden, m.labels, m.valid, head, **common, **extra)

@@ -120,26 +120,31 @@ class FieldDoc:
     comment: str  # the field's comment (the same words as params.yaml's)
 
 
-def field_docs(path: Path) -> tuple[dict[str, dict[str, FieldDoc]], dict[str, str]]:
+def field_docs(*paths: Path) -> tuple[dict[str, dict[str, FieldDoc]], dict[str, str]]:
     """dataclass name -> field -> FieldDoc, and dataclass name -> docstring, read from the source: a field's
     comment is every `#` comment inside its statement's lines (ruff may wrap a long annotation, putting the
     comment on a later line). A field without a comment is an error, unless its type is a section of its own
     (a dataclass of the file: its docstring says what it is)."""
-    source = path.read_text()
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
     fields: dict[str, dict[str, FieldDoc]] = {}
     docs: dict[str, str] = {}
-    body = ast.parse(source).body
+    trees = {path: ast.parse(path.read_text()).body for path in paths}  # the schema's files (params.py, params_plan.py)
+    sections = {node.name for body in trees.values() for node in body if isinstance(node, ast.ClassDef)}
+    for path, body in trees.items():
+        _file_docs(path, body, sections, fields, docs)
+    return fields, docs
+
+
+def _file_docs(path: Path, body: list, sections: set[str], fields: dict, docs: dict) -> None:
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
     classes = [node for node in body if isinstance(node, ast.ClassDef)]
     aliases = {  # EvalEngine = Literal[...]: the page shows what the name stands for
         node.targets[0].id: ast.unparse(node.value)
         for node in body
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
     }
-    sections = {node.name for node in classes}
     for node in classes:
         docs[node.name] = " ".join((ast.get_docstring(node) or "").split())
         fields[node.name] = {}
@@ -153,7 +158,6 @@ def field_docs(path: Path) -> tuple[dict[str, dict[str, FieldDoc]], dict[str, st
                 )
             annotation = re.sub(r"\b\w+\b", lambda m: aliases.get(m.group(0), m.group(0)), ast.unparse(stmt.annotation))
             fields[node.name][stmt.target.id] = FieldDoc(annotation, " ".join(said))
-    return fields, docs
 
 
 def _lookup(tree: Any, key: str) -> tuple[bool, Any]:
@@ -168,7 +172,7 @@ def render_params() -> str:
     from dflash.core.loader import read_yaml
     from dflash.core.params import Params
 
-    fields, docs = field_docs(REPO / "dflash/core/params.py")
+    fields, docs = field_docs(REPO / "dflash/core/params.py", REPO / "dflash/core/params_plan.py")
     values, overlay = read_yaml(REPO / "params.yaml"), read_yaml(REPO / GPU_OVERLAY, "overlay file")
     out: list[str] = []
 

@@ -192,17 +192,17 @@ def _yaml_comments(path: Path) -> dict[str, str | None]:
 
 
 def _field_comments() -> dict[str, dict[str, str | None]]:
-    """dataclass name -> field -> the comment on its line in dflash/core/params.py."""
-    path = REPO / "dflash/core/params.py"
-    lines = path.read_text().splitlines()
+    """dataclass name -> field -> the comment on its line in the schema (dflash/core/params.py, params_plan.py)."""
     out = {}
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ClassDef):
-            out[node.name] = {
-                f.target.id: _inline_comment(lines[f.lineno - 1].split(":", 1)[1])
-                for f in node.body
-                if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
-            }
+    for path in (REPO / "dflash/core/params.py", REPO / "dflash/core/params_plan.py"):
+        lines = path.read_text().splitlines()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                out[node.name] = {
+                    f.target.id: _inline_comment(lines[f.lineno - 1].split(":", 1)[1])
+                    for f in node.body
+                    if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+                }
     return out
 
 

@@ -29,6 +29,7 @@ def test_draft_vocabulary_flags_say_which_kinds_train_and_serve_a_pruned_vocabul
         "dflash": True,
         "dspark": False,  # vLLM has a path; our DSpark loss has no draft-space Markov W2 yet
         "dflash2": False,
+        "lilicorr": False,
     }
 
 
@@ -51,8 +52,8 @@ def test_each_spec_builds_its_class_and_names_every_tensor_it_holds(kind):
 
 
 def test_an_unknown_kind_is_named():
-    with pytest.raises(KeyError, match="'lilicorr': expected one of dflash, dspark, dflash2"):
-        spec_for("lilicorr")
+    with pytest.raises(KeyError, match="'eagle3': expected one of dflash, dspark, dflash2, lilicorr"):
+        spec_for("eagle3")
 
 
 def test_the_registry_and_the_geometry_import_no_torch():

@@ -194,8 +194,8 @@ def test_labels_outside_the_vocabulary_are_masked_and_counted():
 
 def test_export_writes_the_tables_and_loads_them_back(tmp_path):
     from dflash.core.io import read_json
-    from dflash.drafter.export import load_draft_head, load_drafter, save_drafter
     from dflash.drafter.build import build_drafter
+    from dflash.drafter.export import load_draft_head, load_drafter, save_drafter
 
     target = small_qwen3_config(layers=4, hidden=64, vocab=1000)
     cfg = build_drafter_config(

@@ -1,6 +1,6 @@
 """The reference evaluator for every drafter kind and temperature: greedy speculative decoding reproduces the
-target's greedy output whatever the drafter (DSpark's Markov walk, DFlash2's selector walk), rejection sampling
-draws from the target's distribution, and the expected acceptance along a path is the sampled acceptance's mean.
+target's greedy output whatever the drafter (DSpark's Markov walk, DFlash2's selector walk, LiLiCorr's lattice
+walk), rejection sampling draws from the target's distribution, and the expected acceptance along a path is the sampled acceptance's mean.
 (At temperature 0 with kind dflash the reference equals vLLM exactly: tests/integration/test_eval_stage.py.)"""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dflash.eval.reference import _Sampler, greedy_decode, reference_decode, sum
 from tests.helpers import sampling_drafter, sampling_target
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2", "lilicorr"])
 def test_greedy_speculation_reproduces_the_targets_greedy_output(kind):
     target = sampling_target(64)
     drafter = sampling_drafter(kind, target)

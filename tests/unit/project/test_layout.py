@@ -24,6 +24,7 @@ from tests.helpers import REPO
 EXEMPT = {
     "dflash/core/cli.py",
     "dflash/core/params.py",
+    "dflash/core/params_plan.py",
     "dflash/core/loader.py",
     "dflash/core/yamlio.py",  # the loader's YAML reading (DVC's)
     "dflash/core/errors.py",
