@@ -110,7 +110,8 @@ def _overfit(cfg, target, sequences, steps: int):
         for feats, embeds, m, final in batches:
             hidden = model(feats, embeds, m.anchors)
             norm = normaliser_share(m.valid, slot_w)
-            micro_loss(model, hidden, m, head, slot_w, norm, 4096, tp, final).loss.backward()
+            inputs = (slot_w, norm, 4096, tp, final, target.get_input_embeddings(), feats)  # embed + features: lilicorr
+            micro_loss(model, hidden, m, head, *inputs).loss.backward()
         opt.step()
     return model.eval()
 

@@ -138,17 +138,26 @@ def generation(slurm, tmp_path_factory, tiny_target, sample_conversations):
     _wait_for(
         lambda: gen_log.exists() and "waiting for" in gen_log.read_text(), "the stage waiting", slurm, {gen: gen_log}
     )
-    env["PORT_BASE"] = str(_free_pair())
+    # The tasks announce into a staging folder; once both have, the test links both entries into the stage's
+    # registry at once, so that on a fast machine the first server up cannot finish the run before the second
+    # joins. A task's trap then removes its staged file, and the link it leaves dangling reads as withdrawn.
+    staging = tmp / "staging"
+    srv_env = {**env, "REGISTRY": str(staging), "PORT_BASE": str(_free_pair())}
     servers = slurm.sbatch(
         edited("generate-servers.sbatch", tmp),
         "--array=0-1",
         "--cpus-per-task=1",
         f"--output={logs}/srv-%A_%a.out",
-        env=env,
+        env=srv_env,
         cwd=REPO,
     )
     entries = [reg / f"{servers}_{t}.url" for t in (0, 1)]
     jobs = {gen: gen_log, servers: logs / f"srv-{servers}_*.out"}
+    staged = [staging / e.name for e in entries]
+    _wait_for(lambda: all(e.exists() for e in staged), "both server tasks announced", slurm, jobs)
+    reg.mkdir(exist_ok=True)
+    for entry, target in zip(entries, staged, strict=True):
+        entry.symlink_to(target)
     run_dir = _wait_for(lambda: next((ws / "generate").glob("run-*"), None), "a run folder", slurm, jobs)
     units_total = -(-len(sample_conversations[:NUM_CONVS]) // 2)
 
