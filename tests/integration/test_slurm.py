@@ -161,10 +161,18 @@ def generation(slurm, tmp_path_factory, tiny_target, sample_conversations):
     run_dir = _wait_for(lambda: next((ws / "generate").glob("run-*"), None), "a run folder", slurm, jobs)
     units_total = -(-len(sample_conversations[:NUM_CONVS]) // 2)
 
-    def both_serving_and_a_unit_committed() -> bool:
-        return all(e.exists() for e in entries) and bool(list_shards(run_dir, "unit-*.arrow"))
+    srv_logs = [logs / f"srv-{servers}_{t}.out" for t in (0, 1)]
 
-    _wait_for(both_serving_and_a_unit_committed, "two servers announced and a unit committed", slurm, jobs)
+    def served(log: Path) -> bool:
+        """More than the one-token probe in the task's vLLM access log: the stage gave it real work."""
+        return log.exists() and log.read_text().count("POST /v1/completions") >= 2
+
+    def both_serving_and_a_unit_committed() -> bool:
+        return all(served(log) for log in srv_logs) and bool(list_shards(run_dir, "unit-*.arrow"))
+
+    # Both tasks must have had a real request before task 0 goes: after the probe, the stage can hand its next
+    # request to the other server, and a scancel in that gap leaves task 0 with the probe alone (seen in CI).
+    _wait_for(both_serving_and_a_unit_committed, "both servers serving and a unit committed", slurm, jobs)
     committed_at_cancel = len(list_shards(run_dir, "unit-*.arrow"))
     slurm.run("scancel", f"{servers}_0")
     states = slurm.wait_done(gen, JOB_TIMEOUT_S)
@@ -176,7 +184,7 @@ def generation(slurm, tmp_path_factory, tiny_target, sample_conversations):
         "rows": _rows(run_dir),
         "gen_state": states[gen],
         "gen_log": gen_log.read_text(),
-        "server_logs": [(logs / f"srv-{servers}_{t}.out").read_text() for t in (0, 1)],
+        "server_logs": [log.read_text() for log in srv_logs],
         "entries_left": [e.exists() for e in entries],
         "committed_at_cancel": committed_at_cancel,
         "units_total": units_total,
