@@ -1,28 +1,32 @@
 """Engine-code parity harness: the reference's drafting against vLLM 0.32's own speculator code, on CPU.
 
 Purpose: decode the same prompts twice with dflash.eval.reference.reference_decode, once proposing with the
-reference's `propose` (dflash/drafter/dflash2.py selector_walk, dflash/drafter/dspark.py markov_walk) and once with
-vLLM's speculator object (DFlash2Speculator._generate_draft with CandidateSampler's Triton walk and cache kernels;
-DSparkSpeculator._generate_draft with its Markov loop and gumbel_sample kernel) over vLLM's model classes loaded
-from our export, and report both runs' drafted tokens per cycle, accepted lengths and committed tokens.
+reference's `propose` (dflash/drafter/dflash2.py selector_walk, dflash/drafter/dspark.py markov_walk,
+dflash/drafter/lilicorr.py lattice_walk) and once with vLLM's speculator object (DFlash2Speculator._generate_draft
+with CandidateSampler's Triton walk and cache kernels; DSparkSpeculator._generate_draft with its Markov loop and
+gumbel_sample kernel; LiLiCorrSpeculator._generate_draft, DFlash2's walk over its correlator's scores, after its
+prepare_context_anchor) over vLLM's model classes loaded from our export, and report both runs' drafted tokens per
+cycle, accepted lengths and committed tokens.
 What is shared: the target, the drafter's backbone hidden states (our DraftSession stands in for vLLM's
 `_run_model`, the attention forward the V2 runner would run on a GPU) and the verification. What is vLLM's: the
-heads as vLLM's classes hold them, the candidate walk, the Markov loop, the sampling and the draft-logit cache.
+heads as vLLM's classes hold them, the candidate walk, the Markov loop, LiLiCorr's anchor (its fc and hidden_norm of
+the verify pass's last kept row), the sampling and the draft-logit cache.
 At temperature > 0 the reference's draws are keyed by vLLM's Gumbel noise (noise.py: same seed, same position,
 same noise per token id), so a drafted token can be compared with vLLM's one for one; the reference's own
 rejection sampling then verifies both runs' drafts against their draft logits (equal draft logits and drafts
 give equal accepted lengths; different ones do not).
 Mutation check: `mutate` changes one drafted token of the reference's run (cycle, slot); the comparison must fail.
 
-Inputs: --kind dspark|dflash2, --out JSON path. Drafters: "random" (every weight N(0, 0.5), as
-tests/integration/test_vllm_kinds.py builds them) and "trained" (the backbone fitted to the target's greedy
-continuations, the kind's heads perturbed so they still change drafts).
-Output: JSON {"kind", "seconds", "interpreter_mask_bug", "runs": [{drafter, temperature, seed, reference,
-engine, mutated, max_draft_logit_diff}]} where reference / engine / mutated hold per prompt the cycles' drafts,
-accepted_per_pos, tokens.
+Inputs: --kind (one or more of dflash2, dspark, lilicorr: all in one process, vLLM imported and the target built
+once), --out JSON path. Drafters: "random" (every weight N(0, 0.5), as tests/integration/test_vllm_kinds.py builds
+them) and "trained" (the backbone fitted to the target's greedy continuations, the kind's heads perturbed so they
+still change drafts; LiLiCorr's correlator then fitted by its own loss, kinds.py).
+Output: JSON {"seconds", "interpreter_mask_bug", "kinds": {kind: {"seconds", "runs": [{drafter, temperature, seed,
+reference, engine, mutated, max_draft_logit_diff, not_argmax}]}}} where reference / engine / mutated hold per prompt
+the cycles' drafts, accepted lengths, accepted_per_pos, tokens.
 Command (what tests/integration/test_engine_parity.py runs; Triton in build/triton, see triton_env.py):
-    PYTHONPATH=build/triton:. TRITON_INTERPRET=1 .venv/bin/python -m tests.engine_parity.harness --kind dflash2 \
-        --out /tmp/dflash2.json
+    PYTHONPATH=build/triton:. TRITON_INTERPRET=1 .venv/bin/python -m tests.engine_parity.harness \
+        --kind dflash2 dspark lilicorr --out /tmp/parity.json
 """
 
 from __future__ import annotations
@@ -105,7 +109,8 @@ class EngineProposer:
         self.spec, self.s, self.n, self.mask = spec, s, n, cfg.mask_token_id
         self.not_argmax = 0
 
-    def __call__(self, session, bonus: int, start: int, lm_head, choose):
+    def __call__(self, session, bonus: int, start: int, lm_head, choose, verified):
+        """reference.propose's arguments, and `verified` (verify.Blocks): the target's latest pass."""
         s = self.s
         hidden = session.draft_hidden(bonus, start)
         s.input_buffers.input_ids.fill_(self.mask)
@@ -114,20 +119,21 @@ class EngineProposer:
         s._run_model = lambda *args, **kwargs: hidden
         with torch.no_grad():
             if self.spec.before_draft is not None:
-                self.spec.before_draft(s, hidden)
+                self.spec.before_draft(s, verified)
             s._generate_draft(1, hidden.shape[0], None, None, None)
         drafts = s.draft_tokens[0].tolist()
         self.not_argmax += drafts != lm_head(hidden[self.spec.sampled_rows]).argmax(-1).tolist()
         return drafts, (None if s.draft_logits is None else s.draft_logits[0].clone())
 
 
-def keyed_choose(temperature: float, seed: int, start: int, keys_of):
+def keyed_choose(temperature: float, seed: int, start: int, keys: torch.Tensor):
     """The reference's `choose` at temperature > 0, drawing by vLLM's Gumbel noise: slot j's draw is keyed by
-    position start + j (the predicted token's position - 1) and by the token ids keys_of(j) its row scores."""
+    position start + j (the predicted token's position - 1) and by the token ids keys[j] its row scores."""
     t = torch.tensor(temperature, dtype=torch.float32)
+    noise = draft_noise(seed, torch.arange(start, start + keys.shape[0]), keys)
 
     def choose(row: torch.Tensor, j: int) -> int:
-        return int((row.float() / t + draft_noise(seed, start + j, keys_of(j))).argmax())
+        return int((row.float() / t + noise[j]).argmax())
 
     return choose
 
@@ -136,18 +142,16 @@ def reference_proposer(kind: str, cfg, temperature: float, seed: int):
     """The reference's own `propose`, its draws keyed as vLLM keys them (module docstring)."""
     original = reference.propose
 
-    def propose(session, bonus, start, lm_head, choose):
+    def propose(session, bonus, start, lm_head, choose, _verified=None):
         if choose is None:
             return original(session, bonus, start, lm_head, None)
         spec = ENGINE_KINDS[kind]
-        if spec.candidate_keys:  # the walk scores slot j's top-K candidates: their ids key the noise
+        if spec.candidate_top_k is not None:  # the walk scores slot j's top-K candidates: their ids key the noise
             logits = lm_head(session.draft_hidden(bonus, start)[spec.sampled_rows]).float()
-            cand = torch.topk(logits, cfg.selector_top_k, dim=-1).indices
-            keys_of = cand.__getitem__
-        else:
-            every = torch.arange(cfg.vocab_size)
-            keys_of = lambda _j: every  # noqa: E731 - full-vocabulary rows
-        return original(session, bonus, start, lm_head, keyed_choose(temperature, seed, start, keys_of))
+            keys = torch.topk(logits, spec.candidate_top_k(cfg), dim=-1).indices
+        else:  # full-vocabulary rows
+            keys = torch.arange(cfg.vocab_size).expand(cfg.block_size - 1, -1)
+        return original(session, bonus, start, lm_head, keyed_choose(temperature, seed, start, keys))
 
     return propose
 
@@ -162,7 +166,7 @@ def _decode(target, drafter, prompts, temperature: float, propose, mutate=None, 
         record = Decode()
 
         def recording(*args, record=record):
-            drafts, q = propose(*args)
+            drafts, q = propose(*args, blocks)
             if mutate is not None and len(record.cycles) == mutate[0]:
                 drafts = list(drafts)
                 drafts[mutate[1]] = (drafts[mutate[1]] + 1) % drafter.config.vocab_size
@@ -243,29 +247,49 @@ def _target(folder: Path):
     return target
 
 
-def _fit_backbone(kind: str, cfg, model, target, prompts, steps: int = 150) -> None:
-    """A few Adam steps of cross-entropy on the target's greedy continuations: slot rows of every anchor against
-    the tokens they draft (dspark: query slot j after anchor a drafts a+1+j; dflash2: slot j >= 1 drafts a+j)."""
+@dataclass
+class Fitting:
+    """One prompt's fitting data: the target's greedy continuation of it and what the drafter's losses read."""
+
+    ids: torch.Tensor  # (S,) the prompt + the target's greedy continuation
+    features: torch.Tensor  # (S, K*H) the target's features
+    final: torch.Tensor  # (S, H) the target's last hidden states (after its norm: lm_head gives its logits)
+    anchors: torch.Tensor  # (N,) every anchor whose block lies inside the continuation
+    blocks: torch.Tensor  # (N * slots, H) the blocks' input embeddings
+    labels: torch.Tensor  # (N, slots) the tokens the blocks' query slots draft
+
+
+def fitting_data(kind: str, cfg, target, prompts) -> list[Fitting]:
+    """Slot rows of every anchor against the tokens they draft (dspark: query slot j after anchor a drafts a+1+j;
+    dflash2, lilicorr: slot j >= 1 drafts a+j), on the target's greedy continuations."""
     from dflash.drafter.model import block_input_ids, context_features
 
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
-    batches = []
+    embed = target.get_input_embeddings()
+    first = 0 if ENGINE_KINDS[kind].fill_in else 1  # the label of query slot 0
+    out = []
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor(prompt + reference.greedy_decode(target, prompt, MAX_TOKENS + 8))
-            feats = context_features(target(ids[None], output_hidden_states=True).hidden_states, cfg.target_layer_ids)
+            states = target(ids[None], output_hidden_states=True).hidden_states
+            feats = context_features(states, cfg.target_layer_ids)[0]
             anchors = torch.arange(len(prompt) - 1, len(ids) - cfg.block_size)
             blocks = embed(block_input_ids(ids, anchors, cfg.query_slots, cfg.mask_token_id))
-            first = 0 if ENGINE_KINDS[kind].fill_in else 1  # the label of query slot 0
             labels = torch.stack([ids[a + first : a + first + cfg.query_slots] for a in anchors])
-            batches.append((feats[0], blocks, anchors, labels))
+            out.append(Fitting(ids, feats, states[-1][0], anchors, blocks, labels))
+    return out
+
+
+def _fit_backbone(kind: str, cfg, model, target, data: list[Fitting]) -> None:
+    """A few Adam steps (the kind's backbone_steps) of cross-entropy on the target's greedy continuations
+    (fitting_data)."""
+    head = target.get_output_embeddings()
     keep = ENGINE_KINDS[kind].sampled_rows
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(steps):
+    for _ in range(ENGINE_KINDS[kind].backbone_steps):
         loss = 0.0
-        for feats, blocks, anchors, labels in batches:
-            hidden = model(feats, blocks, anchors).view(len(anchors), cfg.query_slots, -1)[:, keep]
-            loss = loss + torch.nn.functional.cross_entropy(head(hidden).flatten(0, 1), labels[:, keep].flatten())
+        for d in data:
+            hidden = model(d.features, d.blocks, d.anchors).view(len(d.anchors), cfg.query_slots, -1)[:, keep]
+            loss = loss + torch.nn.functional.cross_entropy(head(hidden).flatten(0, 1), d.labels[:, keep].flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -285,43 +309,45 @@ def drafters(kind: str, target, prompts, work: Path):
             torch.manual_seed(2)
             for p in ours.parameters():
                 p.data.normal_(0, 0.05)
-            _fit_backbone(kind, cfg, ours, target, prompts[:2])
+            data = fitting_data(kind, cfg, target, prompts[:2])
+            _fit_backbone(kind, cfg, ours, target, data)
             heads = getattr(ours, spec.head)
             with torch.no_grad():  # the kind's heads matter (a zero Markov bias would leave DSpark's walk argmax)
                 for p in heads.parameters():
                     p.normal_(0, 0.25)
+            if spec.fit_head is not None:
+                spec.fit_head(cfg, ours, target, data)
         folder = save_drafter(ours, cfg, work / f"{kind}-{label}")
         num_steps = cfg.block_size - 1 if spec.fill_in else None  # DSpark: vLLM reads it from our config
         model, _ = _vllm(work / "target", folder, spec.method, num_steps)
         _load(model, folder)
-        with torch.no_grad():  # vLLM shares the target's lm_head (and embedding) at load time
+        with torch.no_grad():  # vLLM shares the target's lm_head and embedding at load time
             model.lm_head.weight.copy_(target.get_output_embeddings().weight)
+            model.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         out.append((label, cfg, ours.eval(), model.eval()))
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=sorted(ENGINE_KINDS), required=True)
+    ap.add_argument("--kind", nargs="+", choices=sorted(ENGINE_KINDS), required=True, help="one or more kinds")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: beside --out)")
     args = ap.parse_args(argv)
     began = time.monotonic()
-    work = args.work or args.out.parent / f"parity-{args.kind}"
+    work = args.work or args.out.parent / "parity"
     (work / "target").mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    target = _target(work / "target")
+    target = _target(work / "target")  # one process for every kind: vLLM's import and the target once
     rng = random.Random(0)
     prompts = [[rng.randrange(500) for _ in range(rng.randint(5, 9))] for _ in range(PROMPTS)]
-    runs = []
-    for label, cfg, ours, model in drafters(args.kind, target, prompts, work):
-        runs += compare(args.kind, label, cfg, target, ours, model, prompts)
-    report = {
-        "kind": args.kind,
-        "seconds": round(time.monotonic() - began, 1),
-        "interpreter_mask_bug": MASK_BUG,
-        "runs": [asdict(r) for r in runs],
-    }
+    kinds = {}
+    for kind in args.kind:
+        kind_began, runs = time.monotonic(), []
+        for label, cfg, ours, model in drafters(kind, target, prompts, work):
+            runs += compare(kind, label, cfg, target, ours, model, prompts)
+        kinds[kind] = {"seconds": round(time.monotonic() - kind_began, 1), "runs": [asdict(r) for r in runs]}
+    report = {"seconds": round(time.monotonic() - began, 1), "interpreter_mask_bug": MASK_BUG, "kinds": kinds}
     args.out.write_text(json.dumps(report, indent=1))
     return 0
 

@@ -20,20 +20,22 @@ def _draft_noise_kernel(keys_ptr, seed_ptr, pos_ptr, out_ptr, n, BLOCK: tl.const
     inside = offsets < n
     keys = tl.load(keys_ptr + offsets, mask=inside, other=0)
     seed = tl.load(seed_ptr)
-    pos = tl.load(pos_ptr) + gumbel._DRAFT_NOISE_SALT  # drafting's salted stream (IS_DRAFTING=True)
-    u = gumbel.murmur3_uniform32(seed, pos, keys)
+    pos = tl.load(pos_ptr + offsets, mask=inside, other=0) + gumbel._DRAFT_NOISE_SALT  # drafting's salted stream
+    u = gumbel.murmur3_uniform32(seed, pos, keys)  # elementwise: each element's own position, as a scalar one
     tl.store(out_ptr + offsets, -tl.log(-gumbel._log1p_neg_stable(u)), mask=inside)
 
 
-def draft_noise(seed: int, pos: int, keys: torch.Tensor) -> torch.Tensor:
-    """float32 noise vLLM's drafting adds for token ids `keys` (n,) of the request seeded `seed`, the draw keyed by
-    position `pos` (the predicted token's position - 1)."""
+def draft_noise(seed: int, positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """float32 noise (R, M) vLLM's drafting adds for token ids `keys` (R, M) of the request seeded `seed`, row r's
+    draws keyed by position positions[r] (the predicted token's position - 1). One launch for all the rows: the
+    interpreter's cost is per launch, and a cycle's slots are known before its first draw."""
     keys = keys.to(torch.int64).contiguous()
-    out = torch.empty(keys.numel(), dtype=torch.float32)
+    pos = positions.to(torch.int64)[:, None].expand_as(keys).contiguous()
+    out = torch.empty(keys.shape, dtype=torch.float32)
     _draft_noise_kernel[(1,)](
         keys,
         torch.tensor([seed], dtype=torch.int64),
-        torch.tensor([pos], dtype=torch.int64),
+        pos,
         out,
         keys.numel(),
         BLOCK=triton.next_power_of_2(keys.numel()),

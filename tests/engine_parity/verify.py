@@ -19,21 +19,27 @@ from dflash.eval import reference
 
 @dataclass
 class Blocks:
-    """What the reference's target verified in one decode, block by block (the prompt's forward left out)."""
+    """What the reference's target verified in one decode, block by block (the prompt's forward left out of the
+    lists), and its latest pass."""
 
     ids: list[list[int]] = field(default_factory=list)  # [bonus, d_1 .. d_N]
     logits: list[torch.Tensor] = field(default_factory=list)  # (N + 1, V): the target's logits after each slot
     kept: list[int] = field(default_factory=list)  # verified positions committed: accepted + 1
+    # the latest pass, the prompt's included, as vLLM's propose receives it: its rows' target features (rows, K*H)
+    # (the aux hidden states) and how many of its last rows verification rejected (num_rejected)
+    last_features: torch.Tensor | None = None
+    last_rejected: int = 0
 
 
 @contextlib.contextmanager
 def recording_blocks():
-    """Record every block the reference's _Target is fed and how much of it is committed."""
+    """Record every block the reference's _Target is fed and how much of it is committed, and its latest pass."""
     blocks, forward, commit = Blocks(), reference._Target.forward, reference._Target.commit
     calls = {"n": 0}
 
     def record_forward(self, new_ids):
         logits, feats = forward(self, new_ids)
+        blocks.last_features, blocks.last_rejected = feats, 0
         calls["n"] += 1
         if calls["n"] > 1:  # the first forward is the prompt's
             blocks.ids.append(list(new_ids))
@@ -41,6 +47,7 @@ def recording_blocks():
         return logits, feats
 
     def record_commit(self, new_ids, keep):
+        blocks.last_rejected = len(new_ids) - keep
         if calls["n"] > 1:
             blocks.kept.append(keep)
         return commit(self, new_ids, keep)

@@ -1,15 +1,17 @@
-"""Engine-code parity: the reference's DFlash2 and DSpark drafting against vLLM 0.32's own speculator code.
+"""Engine-code parity: the reference's DFlash2, DSpark and LiLiCorr drafting against vLLM 0.32's own speculator code.
 
-vLLM's DFlash2Speculator / DSparkSpeculator methods (their Triton kernels under Triton's interpreter, their torch
-parts as they are) draft over vLLM's model classes loaded from our exports; dflash/eval/reference.py drafts over our
-modules; both decode the same prompts (tests/engine_parity/harness.py says what is shared and what is vLLM's). For
-a random and a trained drafter of each kind, at temperature 0 and 1 with the same seeds: the same drafted tokens
-in every verification cycle, the same accepted lengths, the same committed tokens, the same draft logits; at
-temperature 0 the accepted lengths also by vLLM's own rejection_sample (tests/engine_parity/verify.py). Each
-comparison is also made against the reference with one drafted token changed (cycle 1, slot 1), which must fail.
+vLLM's DFlash2Speculator / DSparkSpeculator / LiLiCorrSpeculator methods (their Triton kernels under Triton's
+interpreter, their torch parts as they are) draft over vLLM's model classes loaded from our exports;
+dflash/eval/reference.py drafts over our modules; both decode the same prompts (tests/engine_parity/harness.py says
+what is shared and what is vLLM's). For a random and a trained drafter of each kind, at temperature 0 and 1 with the
+same seeds: the same drafted tokens in every verification cycle, the same accepted lengths, the same committed
+tokens, the same draft logits; at temperature 0 the accepted lengths also by vLLM's own rejection_sample
+(tests/engine_parity/verify.py). Each comparison is also made against the reference with one drafted token changed
+(cycle 1, slot 1), which must fail.
 
 Triton 3.9 lives in build/triton (installed from PyPI by the fixture when missing; in the venv it breaks
-`import transformers`), on the path of the harness's subprocess only. One subprocess per kind.
+`import transformers`), on the path of the harness's subprocess only. One subprocess for all the kinds (vLLM's import
+and the target once).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-KINDS = ("dflash2", "dspark")
+KINDS = ("dflash2", "dspark", "lilicorr")
 DRAFTERS = ("random", "trained")
 TEMPERATURES = (0.0, 1.0)
 
@@ -37,14 +39,20 @@ def triton_ready():
         pytest.skip(why)
 
 
-@pytest.fixture(scope="module", params=KINDS)
-def parity(request, triton_ready, tmp_path_factory):
-    """The harness's report for one kind (tests/engine_parity/harness.py's JSON)."""
-    out = tmp_path_factory.mktemp(f"parity-{request.param}") / "report.json"
-    cmd = [sys.executable, "-m", "tests.engine_parity.harness", "--kind", request.param, "--out", str(out)]
+@pytest.fixture(scope="module")
+def reports(triton_ready, tmp_path_factory):
+    """The harness's report for every kind (tests/engine_parity/harness.py's JSON)."""
+    out = tmp_path_factory.mktemp("parity") / "report.json"
+    cmd = [sys.executable, "-m", "tests.engine_parity.harness", "--kind", *KINDS, "--out", str(out)]
     done = subprocess.run(cmd, cwd=REPO, env=subprocess_env(REPO), capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(params=KINDS)
+def parity(request, reports):
+    """One kind's report: its runs."""
+    return reports["kinds"][request.param]
 
 
 def _run(report: dict, drafter: str, temperature: float) -> dict:
@@ -71,9 +79,10 @@ def mismatches(reference: list[dict], engine: list[dict]) -> list[str]:
     return found
 
 
-def test_the_interpreter_needs_the_mask_fix_and_runs_vllms_kernels_with_it(parity):
+def test_the_interpreter_needs_the_mask_fix_and_runs_vllms_kernels_with_it(reports):
     # the harness ran vLLM's kernels (the parity runs below exist) only through the fix; without it, the bug
-    assert "mask has unsupported dtype" in parity["interpreter_mask_bug"]
+    assert "mask has unsupported dtype" in reports["interpreter_mask_bug"]
+    assert sorted(reports["kinds"]) == sorted(KINDS)
 
 
 @pytest.mark.parametrize("temperature", TEMPERATURES)
