@@ -7,7 +7,8 @@ before and after it, on any checkout:
 - long functions: functions (and methods) of dflash/ and stages/ over 60 and over 100 lines (`def` line to last line);
 - long files: Python files of dflash/, stages/, tests/ and benchmarks/ over 400 lines;
 - wide calls: calls in dflash/ with 7 or more positional arguments, per package;
-- string-key reads in the plan report: `x["key"]` subscripts with a string constant in dflash/plan/report*.py;
+- string-key reads in the plan report: `x["key"]` subscripts with a string constant (and `.get("key")` calls) in
+  dflash/plan/report.py and its report_*.py sections;
 - the forwarding walk: a static walk of one training step's calls, starting at `Trainer.compute_gradients` (the
   class Trainer in dflash/train/), descending into every call it can resolve inside dflash/train/ (methods of
   `self`, of attributes typed on the class or assigned a constructor in `__init__`, of typed parameters; functions
@@ -352,7 +353,7 @@ def markdown(f: Figures, listing: bool) -> str:
             f"| calls with >= {WIDE_CALL} positional arguments, dflash/{k} | {len(v)} |"
             for k, v in f.wide_calls.items()
         ),
-        f"| string-key reads in dflash/plan/report*.py | {f.plan_report_string_keys} |",
+        f"| string-key reads in the plan report (report.py, report_*.py) | {f.plan_report_string_keys} |",
         f"| forwarding walk: file changes between the Trainer's file and data.py in one step | {f.walk_alternations} |",
     ]
     out = ["| figure | value |", "|---|---|", *rows]

@@ -22,13 +22,13 @@ Policies
   (their history would contain a cut-off answer).
 - Data parallel, two backends. `engines`: `num_engines` worker processes, each owning one vLLM engine
   pinned to its devices (CUDA_VISIBLE_DEVICES; `tensor_parallel_size` devices each). The main process is
-  the dispatcher (dflash/generate/dispatch.py): it hands each worker whole work units (chunks of
+  the dispatcher (dflash/generate/engines_backend.py): it hands each worker whole work units (chunks of
   `unit_size` conversations) over the worker's own inbox, a few at a time so that its engine's batch stays
   full across unit boundaries; each worker streams requests through its engine (`LLMEngine.add_request` /
   `step`), so a multi-turn conversation's next turn is submitted the moment its previous turn finishes.
   `servers`: one asynchronous client process sends every turn to OpenAI-compatible servers (listed in
   `server_urls`, or `num_engines` local ones), at most `max_num_seqs` in flight per server
-  (dflash/generate/client.py).
+  (dflash/generate/servers_backend.py).
 - Resumable, nothing lost or duplicated: a unit's shard is written atomically (temp file + rename)
   only when all its conversations are done; the run folder name hashes everything that changes
   outputs (model + weights hash, tokenizer/template, template kwargs, sampling, max_model_len, dtype,
@@ -36,7 +36,7 @@ Policies
   carry a seed derived from the sample id, so a resumed run reproduces the same outputs.
 - Failures are one turn wide. Servers backend: every reply is validated before it is stored (token ids
   inside the target's vocabulary, at most max_tokens, a known finish reason); a server whose requests keep
-  failing is quarantined and its requests move to the others; a request that fails on `max_unit_retries` + 1
+  failing is quarantined and its requests move to the others; a request that fails on `request_retries` + 1
   tries (on different servers when there are) is a failed turn. Engines backend: an engine death loses no
   finished row, and a unit whose engine dies twice is searched for the request that kills it, which becomes
   the failed turn. A failed turn is a row with status `failed` (reason in `skip_reason`); its conversation's
@@ -57,6 +57,7 @@ import json
 import logging
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,10 @@ from dflash.core.metrics import write_metrics
 from dflash.core.params import Params
 from dflash.core.target_config import check_cpu_hybrid, load_target_arch, resolve, target_signature
 from dflash.core.validate import check_generate
-from dflash.generate.client import serve, server_kwargs
-from dflash.generate.contract import Unit, WorkerConfig, count_prompts
-from dflash.generate.dispatch import DispatchResult, dispatch
+from dflash.generate.contract import DispatchResult, Unit, WorkerConfig, count_prompts
+from dflash.generate.engines_backend import run_engines
 from dflash.generate.pilot import PILOT_HEADLINE, percentile, pilot_report
+from dflash.generate.servers_backend import run_servers, server_kwargs
 from dflash.generate.sweep import run_sweep
 from dflash.generate.turns import FAILED, resumable
 
@@ -271,23 +272,53 @@ def _has_cuda() -> bool:
         return False
 
 
-def run(params: Params, pilot: bool = False) -> dict:
-    """The generate stage (or its pilot). Returns the metrics written to reports/."""
+@dataclass
+class RunFolder:
+    """This run's folder: named by the hash of everything that changes its outputs (run_identity)."""
+
+    path: Path  # ${generate.out}/run-<hash> (the pilot's: ${generate.pilot_out}/run-<hash>)
+    run_hash: str
+    out_root: Path  # generate.out or generate.pilot_out
+
+
+@dataclass
+class UnitWork:
+    """The run's units and what is left of them: the units without a shard, and those re-opened for their failed
+    turns (their committed rows replayed)."""
+
+    units: list[Unit]
+    todo: list[Unit]
+    reopened: int
+    total_prompts: int
+    done_prompts: int  # prompts already committed (rows replayed into re-opened units included)
+
+
+def resolved_params(params: Params, pilot: bool) -> Params:
+    """The params checked and `generate.max_num_seqs: auto` resolved (the pilot's chosen concurrency)."""
     check_generate(params, pilot)  # dflash/core/validate.py: the engine sizes the plan refuses too
     pilot_json = Path(params.base.reports_dir) / "pilot.json"
     signature = target_signature(Path(params.base.target_dir) / "config.json")
-    g = resolve_max_num_seqs(params.generate, pilot_json, pilot, signature)
-    params = dataclasses.replace(params, generate=g)
+    params = dataclasses.replace(params, generate=resolve_max_num_seqs(params.generate, pilot_json, pilot, signature))
     g = params.generate
-    info = resolve(params.base.target_dir)
     hybrid = check_cpu_hybrid(params.base.target_dir, "generate", g.dtype, g.enable_prefix_caching, not _has_cuda())
     if hybrid:
         log.info("generate: %s", hybrid)
-    source = Path(params.audit.out) / CONVERSATIONS_FILE
-    conversations = load_conversations(source)
+    return params
+
+
+def run_conversations(params: Params, pilot: bool) -> list[dict]:
+    """The audit's conversations; the pilot's seeded sample of generate.pilot_samples of them."""
+    conversations = load_conversations(Path(params.audit.out) / CONVERSATIONS_FILE)
     if pilot:
         rng = random.Random(params.base.seed)
-        conversations = rng.sample(conversations, min(g.pilot_samples, len(conversations)))
+        conversations = rng.sample(conversations, min(params.generate.pilot_samples, len(conversations)))
+    return conversations
+
+
+def open_run_folder(params: Params, info: dict, pilot: bool) -> RunFolder:
+    """The run folder, created (a pilot's from scratch: it measures speed), half-written shards of a killed run
+    removed, its identity.json written."""
+    g = params.generate
     identity = run_identity(params, info, params.base.target_dir)
     run_hash = config_hash(identity)
     out_root = Path(g.pilot_out if pilot else g.out)
@@ -298,15 +329,20 @@ def run(params: Params, pilot: bool = False) -> dict:
     for tmp in run_dir.glob(".*.tmp"):
         tmp.unlink()  # half-written shards of a killed run
     write_json(run_dir / "identity.json", identity)
+    return RunFolder(path=run_dir, run_hash=run_hash, out_root=out_root)
 
-    units = make_units(conversations, g.unit_size)
+
+def units_to_do(conversations: list[dict], folder: RunFolder, unit_size: int, pilot: bool) -> UnitWork:
+    """The units, stale shards removed (same hash, other input), and the units left to run (module docstring:
+    resumable; a rerun re-opens the shards that hold failed turns)."""
+    units = make_units(conversations, unit_size)
     wanted = {u.name for u in units}
-    for stale in list_shards(run_dir, "unit-*.arrow"):
+    for stale in list_shards(folder.path, "unit-*.arrow"):
         if stale.name not in wanted:
             stale.unlink()  # same run hash but different input: not part of this run
     todo, reopened = [], 0
     for u in units:
-        shard = run_dir / u.name
+        shard = folder.path / u.name
         if not shard.exists():
             todo.append(u)
         elif not pilot and failed_in(shard):  # a rerun asks again for exactly its failed turns
@@ -323,59 +359,105 @@ def run(params: Params, pilot: bool = False) -> dict:
         len(units),
         len(units) - len(todo),
         reopened,
-        run_dir,
+        folder.path,
     )
-    stats = DispatchResult(  # every unit was committed by an earlier run: nothing to dispatch
-        failed_units=[], engine_start_s=[], per_engine={}, tokens_this_session=0, gen_wall_s=0.0, wall_s=0.0
-    )
-    cfg = _worker_cfg(params, run_dir, run_hash, info, pilot)
-    if todo and g.backend == "servers":
-        stats = serve(todo, cfg, g, total, done_prompts, served_model(params, info))
-    elif todo:
-        stats = dispatch(todo, cfg, g, total, done_prompts)
-    summary = summarize(run_dir, units, stats.failed_units)
-    lengths = summary.pop("output_lengths")
+    return UnitWork(units=units, todo=todo, reopened=reopened, total_prompts=total, done_prompts=done_prompts)
+
+
+def run_backend(work: UnitWork, cfg: WorkerConfig, params: Params, info: dict) -> DispatchResult:
+    """The units left, through the backend generate.backend names (nothing left: an empty result)."""
+    g = params.generate
+    if not work.todo:  # every unit was committed by an earlier run: nothing to dispatch
+        return DispatchResult(
+            failed_units=[], engine_start_s=[], per_engine={}, tokens_this_session=0, gen_wall_s=0.0, wall_s=0.0
+        )
+    if g.backend == "servers":
+        model = served_model(params, info)
+        return run_servers(work.todo, cfg, g, total_prompts=work.total_prompts, done=work.done_prompts, model=model)
+    return run_engines(work.todo, cfg, g, total_prompts=work.total_prompts, done=work.done_prompts)
+
+
+def run_metrics(
+    params: Params, folder: RunFolder, work: UnitWork, stats: DispatchResult, summary: dict, conversations: list[dict]
+) -> dict:
+    """The stage's metrics: the committed shards' `summary` (summarize) and the run's figures; every prompt
+    accounted for (completed + skipped + failed)."""
+    g = params.generate
     metrics: dict[str, Any] = {
         "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
-        "num_prompts": total,
+        "num_prompts": work.total_prompts,
         **summary,
         "output_tokens_per_s": round(stats.tokens_this_session / stats.gen_wall_s, 2) if stats.gen_wall_s else None,
         "num_conversations": len(conversations),
-        "num_units": len(units),
-        "units_reused": len(units) - len(todo),
-        "units_reopened": reopened,
+        "num_units": len(work.units),
+        "units_reused": len(work.units) - len(work.todo),
+        "units_reopened": work.reopened,
         "units_failed": stats.failed_units,
         "failed_turns": stats.failed_turns,
         "num_engines": len(g.server_urls) if g.backend == "servers" and g.server_urls else g.num_engines,
         "engine_start_s": stats.engine_start_s,
         "generation_wall_s": round(stats.gen_wall_s, 2),
         "stage_wall_s": round(stats.wall_s, 2),
-        "run_dir": str(run_dir),
-        "run_hash": run_hash,
+        "run_dir": str(folder.path),
+        "run_hash": folder.run_hash,
     }
     accounted = metrics["num_completed"] + metrics["num_skipped"] + metrics["num_failed"]
-    assert accounted == total, f"generate accounting: {accounted} != {total} prompts"
+    assert accounted == work.total_prompts, f"generate accounting: {accounted} != {work.total_prompts} prompts"
     metrics["backend"] = g.backend
     metrics["max_num_seqs"] = g.max_num_seqs
+    return metrics
+
+
+def write_pilot(
+    params: Params,
+    metrics: dict,
+    stats: DispatchResult,
+    lengths: list[int],
+    conversations: list[dict],
+    cfg: WorkerConfig,
+    info: dict,
+) -> dict:
+    """The pilot's report (its rate and lengths extrapolated to the whole input) and its concurrency sweep over the
+    pilot's `conversations`."""
+    g = params.generate
+    metrics = pilot_report(
+        metrics,
+        stats,
+        lengths,
+        num_input_prompts=count_prompts(load_conversations(Path(params.audit.out) / CONVERSATIONS_FILE)),
+        g=g,
+        seed=params.base.seed,
+    )
+    sweep = {"sweep": [], "chosen_max_num_seqs": None}
+    if g.pilot_sweep:
+        sweep = run_sweep(g, cfg, _tokenizer(cfg), conversations, served_model(params, info), **server_kwargs(cfg))
+    metrics.update(sweep)
+    write_json(Path(params.base.reports_dir) / "pilot_sweep.json", sweep["sweep"])  # the dvc plots data
+    write_metrics(params.base.reports_dir, "pilot", metrics, PILOT_HEADLINE)
+    return metrics
+
+
+def write_generate(params: Params, metrics: dict, folder: RunFolder, work: UnitWork) -> None:
+    """generate.json / generate_details.json, and current.json naming this run when nothing failed."""
+    write_metrics(params.base.reports_dir, "generate", metrics, HEADLINE)
+    if not metrics["num_failed"]:
+        current = {"run_dir": folder.path.name, "run_hash": folder.run_hash, "num_units": len(work.units)}
+        write_json(folder.out_root / CURRENT_RUN_FILE, current)
+
+
+def run(params: Params, pilot: bool = False) -> dict:
+    """The generate stage (or its pilot). Returns the metrics written to reports/."""
+    params = resolved_params(params, pilot)
+    info = resolve(params.base.target_dir)
+    conversations = run_conversations(params, pilot)
+    folder = open_run_folder(params, info, pilot)
+    work = units_to_do(conversations, folder, params.generate.unit_size, pilot)
+    cfg = _worker_cfg(params, folder.path, folder.run_hash, info, pilot)
+    stats = run_backend(work, cfg, params, info)
+    summary = summarize(folder.path, work.units, stats.failed_units)
+    lengths = summary.pop("output_lengths")
+    metrics = run_metrics(params, folder, work, stats, summary, conversations)
     if pilot:
-        metrics = pilot_report(
-            metrics,
-            stats,
-            lengths,
-            num_input_prompts=count_prompts(load_conversations(source)),
-            g=g,
-            seed=params.base.seed,
-        )
-        sweep = {"sweep": [], "chosen_max_num_seqs": None}
-        if g.pilot_sweep:
-            sweep = run_sweep(g, cfg, _tokenizer(cfg), conversations, served_model(params, info), **server_kwargs(cfg))
-        metrics.update(sweep)
-        write_json(Path(params.base.reports_dir) / "pilot_sweep.json", sweep["sweep"])  # the dvc plots data
-        write_metrics(params.base.reports_dir, "pilot", metrics, PILOT_HEADLINE)
-    else:
-        write_metrics(params.base.reports_dir, "generate", metrics, HEADLINE)
-        if not metrics["num_failed"]:
-            write_json(
-                out_root / CURRENT_RUN_FILE, {"run_dir": run_dir.name, "run_hash": run_hash, "num_units": len(units)}
-            )
+        return write_pilot(params, metrics, stats, lengths, conversations, cfg, info)
+    write_generate(params, metrics, folder, work)
     return metrics

@@ -164,9 +164,8 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     convs = sample_conversations[:8]  # units 0 and 1: one good unit, then the bad one, tried twice
     write_conversations(ws / "audit" / "conversations.arrow", convs)
     # vLLM's own engine-core processes (the GPU setting): a dead worker's engine cores must not be left running
-    cmd = generate_cmd(
-        ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1", "generate.engine_core_process=true"
-    )
+    retries = ("generate.unit_retries=1", "generate.engine_start_retries=1")
+    cmd = generate_cmd(ws, tiny_target, "generate.unit_size=4", *retries, "generate.engine_core_process=true")
     tag = str(ws)
     env = {**os.environ, contract.CRASH_ENV: "1", RUN_TAG: tag}  # the worker dies whenever it receives unit 1
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)

@@ -19,7 +19,12 @@ from dflash.generate import contract
 from tests.helpers import REPO, generate_cmd, write_conversations
 
 # 2 in flight: the poison search halves 2 suspects to 1 (each halving is an engine death and a restart)
-OVERRIDES = ("generate.unit_size=4", "generate.max_num_seqs=2", "generate.max_unit_retries=1")
+OVERRIDES = (
+    "generate.unit_size=4",
+    "generate.max_num_seqs=2",
+    "generate.unit_retries=1",
+    "generate.engine_start_retries=1",
+)
 POISON = "Recite the forbidden verse."
 
 

@@ -1,7 +1,7 @@
 """generate.server_registry (dflash/generate/registry.py) against fake OpenAI servers on 127.0.0.1
 (benchmarks/fake_openai_servers.py): a server whose file appears after the run started is used; one whose file
 disappears is drained (its in-flight requests finish there, or, failing there, move to another server without
-being charged, so not even max_unit_retries 0 fails a turn); a file that does not hold an http(s) base URL is
+being charged, so not even request_retries 0 fails a turn); a file that does not hold an http(s) base URL is
 refused with one line naming it. Events are ordered by what the servers saw (their `hold`), not by the clock.
 """
 
@@ -17,7 +17,7 @@ from dflash.core.errors import ParamsError
 from dflash.core.io import list_shards, read_arrow
 from dflash.core.loader import load_params
 from dflash.core.validate import check_generate
-from dflash.generate import client
+from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
 from dflash.generate.registry import ServerRegistry, changes
 from dflash.generate.stage import make_units
@@ -50,11 +50,11 @@ def run_registry(tmp_path, qwen_tokenizer):
             make_units(convs, 4),
             fake_worker_config(out, g.generate),
             g.generate,
-            [],
-            "m",
-            qwen_tokenizer,
-            count_prompts(convs),
-            0,
+            urls=[],
+            model="m",
+            tokenizer=qwen_tokenizer,
+            total_prompts=count_prompts(convs),
+            done=0,
             registry=ServerRegistry(reg, poll_s=0.05),
         )
         result = d.run()
@@ -100,7 +100,7 @@ def test_a_server_that_joins_after_the_start_is_used(tmp_path, answer, run_regis
 def test_a_withdrawn_server_is_drained_without_failing_its_turns(tmp_path, answer, run_registry, caplog, in_flight):
     """A and B are listed. A's file is removed once A holds two real requests; B waits until then. `finish`: A's
     two requests are answered there once the client has seen the withdrawal, and A gets no other. `fail`: they
-    hang past the timeout while A's /health stays 200; max_unit_retries 0, so a charged failure would be a
+    hang past the timeout while A's /health stays 200; request_retries 0, so a charged failure would be a
     failed turn: they move to B uncharged instead."""
     reg = tmp_path / "registry"
     reg.mkdir()
@@ -128,7 +128,7 @@ def test_a_withdrawn_server_is_drained_without_failing_its_turns(tmp_path, answe
             _announce(reg, "a", a.url)
             _announce(reg, "b", b.url)
             timeout = "generate.request_timeout_s=" + ("10" if in_flight == "fail" else "120")
-            _, prompts = run_registry(reg, 8, timeout, "generate.max_unit_retries=0")
+            _, prompts = run_registry(reg, 8, timeout, "generate.request_retries=0")
     finally:
         logging.getLogger(client.__name__).removeHandler(handler)
     assert a.received == 3, "A got a request after its file was removed (or not the two the test needs)"

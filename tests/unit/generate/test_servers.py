@@ -18,7 +18,8 @@ from dflash.core import concurrency
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import list_shards, read_arrow, write_json
 from dflash.core.validate import check_generate
-from dflash.generate import client, servers
+from dflash.generate import servers
+from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
 from dflash.generate.stage import make_units
 from tests.helpers import fake_worker_config, repo_params
@@ -206,7 +207,16 @@ def fake_run(tmp_path, qwen_tokenizer, monkeypatch):
         g = _params("generate.max_num_seqs=2", "generate.unit_size=2", "generate.request_timeout_s=5", *overrides)
         cfg = fake_worker_config(tmp_path, g.generate)
         units = make_units(convs, 2)
-        d = client.ServersDispatcher(units, cfg, g.generate, urls, "m", qwen_tokenizer, count_prompts(convs), 0)
+        d = client.ServersDispatcher(
+            units,
+            cfg,
+            g.generate,
+            urls=urls,
+            model="m",
+            tokenizer=qwen_tokenizer,
+            total_prompts=count_prompts(convs),
+            done=0,
+        )
         result = d.run()
         rows = [r for s in list_shards(tmp_path, "unit-*.arrow") for r in read_arrow(s).to_pylist()]
         return result, rows, units
@@ -237,16 +247,16 @@ def test_fake_server_all_prompts_once_multi_turn_in_order(fake_run, qwen_tokeniz
 def test_failed_requests_are_retried(fake_run, qwen_tokenizer, how):
     srv = FakeServer(_answer(qwen_tokenizer))
     srv.failures = [how] * 3  # three failures, spread over whichever requests come first
-    result, rows, _ = fake_run([srv.url], "generate.max_unit_retries=3")
+    result, rows, _ = fake_run([srv.url], "generate.request_retries=3")
     assert not result.failed_units and len(rows) == 8
     assert len({r["sample_id"] for r in rows}) == 8
     srv.stop()
 
 
-def test_a_request_failing_past_max_unit_retries_is_a_failed_turn(fake_run, qwen_tokenizer):
+def test_a_request_failing_past_request_retries_is_a_failed_turn(fake_run, qwen_tokenizer):
     srv = FakeServer(_answer(qwen_tokenizer))
     srv.failures = ["500"] * 2  # max_num_seqs=2: the first two requests, c0:0 and c1:0 of unit 0, fail
-    result, rows, units = fake_run([srv.url], "generate.max_unit_retries=0")
+    result, rows, units = fake_run([srv.url], "generate.request_retries=0")
     assert not result.failed_units and sorted(t["sample_id"] for t in result.failed_turns) == ["c0:0", "c1:0"]
     assert all("HTTP 500" in t["error"] for t in result.failed_turns)
     status = {r["sample_id"]: (r["status"], r["skip_reason"]) for r in rows}
@@ -258,7 +268,7 @@ def test_a_request_failing_past_max_unit_retries_is_a_failed_turn(fake_run, qwen
 def test_a_dead_server_is_marked_down_and_its_requests_move(fake_run, qwen_tokenizer):
     alive, dead = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
     dead.stop()  # connection refused from the start
-    result, rows, _ = fake_run([dead.url, alive.url], "generate.max_unit_retries=0")
+    result, rows, _ = fake_run([dead.url, alive.url], "generate.request_retries=0")
     assert not result.failed_units and len(rows) == 8  # refused requests do not count as attempts
     assert result.per_engine[0].prompts == 0 and result.per_engine[1].prompts == 8
     alive.stop()
@@ -272,7 +282,7 @@ def test_a_down_server_that_answers_again_is_used_again(fake_run, qwen_tokenizer
     sick, slow = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
     sick.sick, sick.sick_health_checks = True, 2
     slow.hold = lambda: len(sick.seen) >= 2  # the probe's completion, then one of the run's
-    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0", "generate.request_timeout_s=120")
+    result, rows, _ = fake_run([sick.url, slow.url], "generate.request_retries=0", "generate.request_timeout_s=120")
     assert sick.sick_completions >= 1, "sick was never asked while it was down: the test proves nothing"
     assert not result.failed_units and not result.failed_turns
     assert len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
