@@ -29,6 +29,7 @@ Prints one table per part; --json PATH also writes the attention figures as JSON
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -110,10 +111,11 @@ def gpu_peak_tflops(device_name: str, hardware_file: Path = REPO / "params/hardw
 def step_flops(target, cfg, seq: int, anchors: int, prompt: int) -> dict[str, float]:
     """FLOPs of one drafter training step on a row of `seq` tokens (`prompt` of them outside the loss) with
     `anchors` blocks: the planner's model (dflash/plan/training.py) without the target forward."""
-    ta = SimpleNamespace(max_length=seq, num_anchors=anchors)
-    parts = training_flops_per_sequence(as_target_arch(target), cfg, seq, seq - prompt, ta)
+    ta = SimpleNamespace(max_length=seq, num_anchors=anchors, loss_target="tokens")
+    flops = training_flops_per_sequence(as_target_arch(target), cfg, ta, seq_tokens=seq, loss_tokens=seq - prompt)
+    parts = dataclasses.asdict(flops)
     drafter = {k: v for k, v in parts.items() if k.startswith(("drafter_", "lm_head"))}
-    return {**drafter, "total": sum(drafter.values()), "simple_6PN": parts["simple_6PN"]}
+    return {**drafter, "total": sum(drafter.values()), "simple_6PN": flops.simple_6PN}
 
 
 def build_parser() -> argparse.ArgumentParser:

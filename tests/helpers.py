@@ -26,8 +26,16 @@ HYBRID_OVERLAY = REPO / "params/demo-hybrid.yaml"
 
 
 def repo_params(overrides=(), overlays=()) -> Params:
-    """params.yaml of this checkout with `-S`-style `overrides` and overlay files applied (what a stage reads)."""
-    return load_params(PARAMS, list(overrides), [Path(o) for o in overlays])
+    """params.yaml of this checkout with `-S`-style `overrides` and overlay files applied (what a stage reads); a
+    relative overlay path is the repository's."""
+    return load_params(PARAMS, list(overrides), [REPO / o for o in overlays])
+
+
+def plan_params(reports: Path, *overrides: str, overlay: bool = True) -> Params:
+    """The plan's params for the 27B case (the GPU overlay; overlay=False: params.yaml alone), every metrics file it
+    reads taken from `reports` (the test's own folder), then `overrides`."""
+    isolate = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
+    return repo_params([*isolate, *overrides], [GPU_OVERLAY] if overlay else [])
 
 
 def generate_cmd(ws, target, *extra: str) -> list[str]:

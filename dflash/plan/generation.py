@@ -48,19 +48,21 @@ def wall_seconds(tokens: float, tokens_per_s: float) -> float:
     return tokens / tokens_per_s if tokens_per_s > 0 else math.inf
 
 
-def headroom_bytes(memory_bytes: float, weight_bytes: float, utilization: float = 1.0, reserve_bytes: float = 0.0):
+def headroom_bytes(
+    memory_bytes: float, weight_bytes: float, *, utilization: float = 1.0, reserve_bytes: float = 0.0
+) -> float:
     """Memory left for the KV cache / GDN state once the weights (and a reserve) are in."""
     return memory_bytes * utilization - weight_bytes - reserve_bytes
 
 
-def steady_rate(rate: float, prompts: float, mean_output: float, concurrency: int, tail_tokens: float) -> float:
+def steady_rate(rate: float, prompts: float, mean_output: float, *, concurrency: int, tail_tokens: float) -> float:
     """A pilot engine's rate with a full batch: its measured `rate` spread its wall over the full-batch steps and a
     drain of `tail_tokens` steps (module docstring)."""
     full_steps = prompts * mean_output / concurrency
     return rate * (full_steps + tail_tokens) / full_steps
 
 
-def drained_seconds(tokens: float, engines: int, concurrency: int, rate: float, tail_tokens: float) -> float:
+def drained_seconds(tokens: float, engines: int, concurrency: int, *, rate: float, tail_tokens: float) -> float:
     """A run of `tokens` over `engines` engines at a steady `rate` each: its full-batch time and one drain."""
     return tokens / (rate * engines) + tail_tokens * concurrency / rate
 
@@ -186,7 +188,15 @@ class GenerationEstimate:
 
 
 def decode_step(
-    t, hw: GpuProfile, gp: GenerationSettings, weight_read_bytes, batch, context, tp, tokens_per_seq: int = 1
+    t: TargetArch,
+    hw: GpuProfile,
+    gp: GenerationSettings,
+    *,
+    weight_read_bytes: float,
+    batch: int,
+    context: float,
+    tp: int,
+    tokens_per_seq: int = 1,
 ) -> DecodeStep:
     """One decode step of one engine at `batch` sequences of `context` cached tokens each, each sequence feeding
     `tokens_per_seq` tokens (1: plain decoding; 1 + drafted tokens: a speculative verification step)."""
@@ -213,7 +223,9 @@ def roofline_step(batch: int, memory_s: float, compute_s: float) -> DecodeStep:
     )
 
 
-def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype: str, context) -> CacheCapacity:
+def generation_capacity(
+    t: TargetArch, hw: GpuProfile, gp: GenerationSettings, *, weight_dtype: str, context: float
+) -> CacheCapacity:
     """Per-engine memory budget: weights, reserve, cache headroom and the sequences that fit."""
     tp = gp.tensor_parallel_size
     w = sizing.target_weight_bytes(t, weight_dtype)
@@ -221,7 +233,10 @@ def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype:
         free = gp.kv_cache_memory_gb * GB
     else:
         free = headroom_bytes(
-            hw.memory_gb * GB, w["loaded"] / tp, gp.gpu_memory_utilization, gp.activation_reserve_gb * GB
+            hw.memory_gb * GB,
+            w["loaded"] / tp,
+            utilization=gp.gpu_memory_utilization,
+            reserve_bytes=gp.activation_reserve_gb * GB,
         )
     state = sizing.linear_state_bytes(t, gp.ssm_state_dtype)
     per_seq = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context + state
@@ -244,16 +259,34 @@ def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype:
     )
 
 
-def generation_rate(t, hw, gp: GenerationSettings, weight_dtype, num_gpus, prompt_tokens, output_tokens):
-    """Aggregate decode tokens/s over all engines at a given mean output length: (capacity, step, rate)."""
+@dataclass(frozen=True)
+class Rate:
+    """Aggregate decode over all engines at one mean output length."""
+
+    capacity: CacheCapacity
+    step: DecodeStep | None  # None: the model does not fit (no step, no rate)
+    tokens_per_s: float
+
+
+def generation_rate(
+    t: TargetArch,
+    hw: GpuProfile,
+    gp: GenerationSettings,
+    *,
+    weight_dtype: str,
+    num_gpus: int,
+    prompt_tokens: float,
+    output_tokens: float,
+) -> Rate:
+    """Aggregate decode tokens/s over all engines at a given mean output length."""
     context = prompt_tokens + output_tokens * (1 + gp.output_length_cv**2) / 2
-    cap = generation_capacity(t, hw, gp, weight_dtype, context)
+    cap = generation_capacity(t, hw, gp, weight_dtype=weight_dtype, context=context)
     engines = num_gpus // gp.tensor_parallel_size
     if not cap.fits or cap.batch < 1 or engines < 1:
-        return cap, None, 0.0
+        return Rate(capacity=cap, step=None, tokens_per_s=0.0)
     read = sizing.target_weight_bytes(t, weight_dtype)["read_per_step"]
-    step = decode_step(t, hw, gp, read, cap.batch, context, gp.tensor_parallel_size)
-    return cap, step, engines * step.tokens_per_s
+    step = decode_step(t, hw, gp, weight_read_bytes=read, batch=cap.batch, context=context, tp=gp.tensor_parallel_size)
+    return Rate(capacity=cap, step=step, tokens_per_s=engines * step.tokens_per_s)
 
 
 def sweep_level(pilot: GeneratePilot, max_num_seqs: int) -> dict | None:
@@ -263,8 +296,9 @@ def sweep_level(pilot: GeneratePilot, max_num_seqs: int) -> dict | None:
 
 def pilot_rate(
     t: TargetArch,
-    hw,
+    hw: GpuProfile,
     gp: GenerationSettings,
+    *,
     pilot: GeneratePilot,
     backend: str,
     est: GenerationEstimate,
@@ -285,7 +319,11 @@ def pilot_rate(
         cost = drain_step_cost(pilot.sweep, pilot.max_num_seqs)
         drain = pilot.p99_output_tokens * cost  # in full-batch steps
         per_engine = steady_rate(
-            per_engine, pilot.prompts / pilot_engines, pilot.mean_output_tokens, pilot.max_num_seqs, drain
+            per_engine,
+            pilot.prompts / pilot_engines,
+            pilot.mean_output_tokens,
+            concurrency=pilot.max_num_seqs,
+            tail_tokens=drain,
         )
         source = (
             f"the pilot run's own rate at max_num_seqs {pilot.max_num_seqs} ({pilot.backend or backend}), steady once "
@@ -293,7 +331,7 @@ def pilot_rate(
             + (f", a drain step costing {cost:.2f} of a full-batch one (the sweep's step times)" if cost < 1 else "")
         )
     if drain is not None:
-        seconds = drained_seconds(est.output_tokens, engines, gp.max_num_seqs, per_engine, drain)
+        seconds = drained_seconds(est.output_tokens, engines, gp.max_num_seqs, rate=per_engine, tail_tokens=drain)
     else:
         seconds = est.output_tokens / (per_engine * engines)
     model_per_engine = est.model_tokens_per_s / engines if engines else 0.0
@@ -304,7 +342,16 @@ def pilot_rate(
         model = None
         if cap.fits and cap.max_seqs_in_cache >= 1:
             b = min(row["max_num_seqs"], cap.max_seqs_in_cache)
-            model = decode_step(t, hw, gp, read, b, cap.resident_context_tokens, gp.tensor_parallel_size).tokens_per_s
+            step = decode_step(
+                t,
+                hw,
+                gp,
+                weight_read_bytes=read,
+                batch=b,
+                context=cap.resident_context_tokens,
+                tp=gp.tensor_parallel_size,
+            )
+            model = step.tokens_per_s
         points.append(SweepPoint(max_num_seqs=row["max_num_seqs"], measured=row["output_tokens_per_s"], model=model))
     return PilotRate(
         measured_tokens_per_s=measured,
@@ -329,6 +376,7 @@ def generation_estimate(
     t: TargetArch,
     hw: GpuProfile,
     gp: GenerationSettings,
+    *,
     weight_dtype: str,
     num_gpus: int,
     data: Dataset,
@@ -341,22 +389,36 @@ def generation_estimate(
     if engines < 1:
         raise UserError(f"plan.num_gpus: {num_gpus} GPUs cannot hold one engine of generate.tensor_parallel_size={tp}")
     w = sizing.target_weight_bytes(t, weight_dtype)
-    cap, step, rate = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, mean_out)
+    at_mean = generation_rate(
+        t, hw, gp, weight_dtype=weight_dtype, num_gpus=num_gpus, prompt_tokens=prompt_tokens, output_tokens=mean_out
+    )
+    cap = at_mean.capacity
     peak = hw.matmul_tflops(gp.compute_dtype, "generate.dtype")
     prefill_per_prompt = (
         target_counts.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
     )
     prefill_s = prompts * prefill_per_prompt / (num_gpus * peak * 1e12 * gp.prefill_mfu)
 
-    def wall_h(out_tokens):  # None when the model does not fit (no rate): JSON has no infinity
-        _, _, r = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, out_tokens)
+    def wall_h(out_tokens: float) -> float | None:  # None when the model does not fit (no rate): JSON has no infinity
+        r = generation_rate(
+            t,
+            hw,
+            gp,
+            weight_dtype=weight_dtype,
+            num_gpus=num_gpus,
+            prompt_tokens=prompt_tokens,
+            output_tokens=out_tokens,
+        ).tokens_per_s
         return (wall_seconds(prompts * out_tokens, r) + prefill_s) / 3600 if r > 0 else None
 
     curve = []
     if cap.fits:
         sizes = sorted({b for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(1, cap.max_seqs_in_cache)})
         for b in sorted(set(sizes) | ({cap.batch} if cap.batch else set())):
-            curve.append(decode_step(t, hw, gp, w["read_per_step"], b, cap.resident_context_tokens, tp))
+            read = w["read_per_step"]
+            curve.append(
+                decode_step(t, hw, gp, weight_read_bytes=read, batch=b, context=cap.resident_context_tokens, tp=tp)
+            )
     model_wall = WallHours(low=wall_h(data.low), mid=wall_h(mean_out), high=wall_h(data.high))
     est = GenerationEstimate(
         engines=engines,
@@ -366,8 +428,8 @@ def generation_estimate(
         batch1_bound_tokens_per_s=batch1_tokens_per_s(w["read_per_step"] / tp, hw.bandwidth_tbps * 1e12 * tp),
         memory=cap,
         decode_curve=curve,
-        step=step,
-        model_tokens_per_s=rate,
+        step=at_mean.step,
+        model_tokens_per_s=at_mean.tokens_per_s,
         output_tokens=prompts * mean_out,
         prompt_tokens=prompts * prompt_tokens,
         prefill_hours=prefill_s / 3600,
@@ -378,7 +440,7 @@ def generation_estimate(
         compute_tflops=peak,
     )
     if data.pilot:
-        pr = pilot_rate(t, hw, gp, data.pilot, backend, est, weight_dtype)
+        pr = pilot_rate(t, hw, gp, pilot=data.pilot, backend=backend, est=est, weight_dtype=weight_dtype)
         est.pilot = pr
         both = [h for h in (model_wall.mid, pr.calibrated_wall_hours) if h is not None]
         est.wall_hours = WallHours(low=min(both), mid=pr.calibrated_wall_hours, high=max(both))

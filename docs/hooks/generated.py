@@ -313,12 +313,15 @@ def _days(hours: float) -> str:
     return f"{hours:,.1f} h ({hours / 24:.1f} d)"
 
 
-def _plan(overrides: list[str]) -> dict:
+def _plan(overrides: list[str]) -> Any:
+    """The plan (dflash/plan/result.py `Plan`) of the overlay with `overrides`, held against the published runs."""
     from dflash.core.loader import load_params
-    from dflash.plan.estimate import make_plan
+    from dflash.plan.estimate import build_plan
+    from dflash.plan.published import PublishedRuns
 
     empty = ["plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]  # no demo metrics: another target
-    return make_plan(load_params(REPO / "params.yaml", overrides=[*empty, *overrides], overlays=[REPO / GPU_OVERLAY]))
+    params = load_params(REPO / "params.yaml", overrides=[*empty, *overrides], overlays=[REPO / GPU_OVERLAY])
+    return build_plan(params, published=PublishedRuns.beside(REPO / "params.yaml"))
 
 
 def render_plan_report() -> str:
@@ -328,7 +331,7 @@ def render_plan_report() -> str:
 
     plan = _plan([])
     text = _lists_apart(render_markdown(plan))
-    text = text.replace(f"]({FIGURE})", f"]({data_uri(render_png(time_vs_gpus(plan)))})")  # drawn now, like the plan
+    text = text.replace(f"]({FIGURE})", f"]({data_uri(render_png(time_vs_gpus(plan.scaling)))})")  # drawn now
     return re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
 
 
@@ -336,22 +339,22 @@ def render_plan_case() -> str:
     rows = []
     for label, overrides in PLAN_VARIANTS:
         p = _plan(overrides)
-        s, t = p["summary"], p["training"]
-        layout = t["layouts"][s["train_layout"]]
-        drafter = layout["per_gpu"].get("drafter_gpu", {}).get("need_gb")
-        deadline = s.get("deadline") or p.get("deadline")
+        gen, train, deadline = p.generation, p.training, p.deadline
+        drafter_gpu = train.headline.per_gpu.get("drafter_gpu")
         cluster = ""
-        if isinstance(deadline, dict) and deadline.get("met"):
-            cluster = f"{deadline['gpus']} GPUs = {deadline['nodes']} x {deadline['gpus_per_node']}: {deadline['total_hours']:.1f} h"
-        elif isinstance(deadline, dict):
-            cluster = f"not met (best {deadline['best_hours']:.1f} h)"
+        if deadline is not None and deadline.met:
+            cluster = (
+                f"{deadline.gpus} GPUs = {deadline.nodes} x {deadline.gpus_per_node}: {deadline.total_hours:.1f} h"
+            )
+        elif deadline is not None:
+            cluster = f"not met (best {deadline.best_hours:.1f} h)"
         rows.append(
             [
                 label,
-                f"{_days(s['generation_hours'])}, {s['generation_batch_per_engine']} seqs / engine",
-                f"{s['train_layout']}: {_days(s['train_hours'])}",
-                f"{t['flops_per_sequence']['total']:.3g}",
-                f"{drafter:.1f} GB" if drafter is not None else "",
+                f"{_days(gen.wall_hours.mid)}, {gen.memory.batch} seqs / engine",
+                f"{train.layout}: {_days(train.headline.total_hours)}",
+                f"{train.flops_per_sequence.total:.3g}",
+                f"{drafter_gpu.need_gb:.1f} GB" if drafter_gpu is not None else "",
                 cluster,
             ]
         )

@@ -73,12 +73,14 @@ def test_max_num_seqs_auto_resolution(tmp_path):
 
 def test_plan_models_the_chosen_level(tmp_path):
     from dflash.plan.estimate import planned_max_num_seqs
+    from dflash.plan.inputs import resolve_paths
 
     pilot = tmp_path / "pilot.json"
     p = _params("generate.max_num_seqs=auto", f"plan.pilot_json={pilot}")
-    assert planned_max_num_seqs(p)[0] == 64  # no sweep yet: the largest level
+    paths = resolve_paths(p.plan, p.base)
+    assert planned_max_num_seqs(p, paths)[0] == 64  # no sweep yet: the largest level
     write_json(pilot, {"chosen_max_num_seqs": 16})
-    assert planned_max_num_seqs(p) == (16, f"{pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)")
+    assert planned_max_num_seqs(p, paths) == (16, f"{pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)")
 
 
 @pytest.mark.parametrize(
@@ -323,11 +325,10 @@ def test_request_body_carries_the_engines_sampling():
     assert body["stop"] == ["END"]
 
 
-def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root, monkeypatch):
+def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root):
     from dflash.core.target_config import target_signature
     from dflash.plan import estimate, report
 
-    monkeypatch.chdir(repo_root)
     reports = tmp_path / "reports"
     sweep = [{"max_num_seqs": n, "output_tokens_per_s": r} for n, r in ((8, 700.0), (32, 1900.0), (128, 1950.0))]
     pilot = {"output_tokens_per_s": 5000.0, "mean_output_tokens": 1500.0, "num_engines": 4, "sweep": sweep}
@@ -337,9 +338,10 @@ def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root
     p = repo_params(overrides, ["params/gpu-qwen3.6-27b.yaml"])
     # another target's knee is ignored: the largest sweep level, as before any sweep
     assert estimate.make_plan(p)["generation"]["memory"]["batch"] == max(p.generate.pilot_sweep)
-    overlay_sig = target_signature("params/targets/qwen3.6-27b.config.json")
+    overlay_sig = target_signature(repo_root / "params/targets/qwen3.6-27b.config.json")
     write_json(reports / "pilot.json", pilot | {"target_signature": overlay_sig})
-    result = estimate.make_plan(p)
+    built = estimate.build_plan(p)
+    result = built.to_json()
     gen = result["generation"]
     assert pilot["chosen_max_num_seqs"] == 32 and gen["memory"]["batch"] == 32
     pl = gen["pilot"]
@@ -348,4 +350,4 @@ def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root
     assert gen["wall_hours"]["mid"] == pytest.approx(gen["output_tokens"] / (1900.0 * engines) / 3600)
     assert [r["max_num_seqs"] for r in pl["sweep_vs_model"]] == [8, 32, 128]
     assert all(r["model"] > 0 for r in pl["sweep_vs_model"])
-    assert "Pilot sweep (one engine; chosen max_num_seqs 32)" in report.render_markdown(result)
+    assert "Pilot sweep (one engine; chosen max_num_seqs 32)" in report.render_markdown(built)
