@@ -27,6 +27,6 @@
 The chain runs one way: contract <- turns <- worker <- engines_backend <- stage, progress <- engines_backend /
 servers_backend / sweep, turns <- servers <- endpoint <- servers_backend / sweep <- stage, health <-
 servers_backend, registry <- servers_backend, servers_backend / stage <- serve_command (no cycle). May import:
-dflash.core, dflash.drafter; aiohttp (endpoint.py). vLLM only inside the worker process (the servers backend
+dflash.core; aiohttp (endpoint.py). vLLM only inside the worker process (the servers backend
 talks HTTP to vLLM processes it starts as `python -m vllm.entrypoints.openai.api_server`).
 """

@@ -2,6 +2,7 @@
 
   build.py       tiny target builder (exact sparse-vocabulary CPU pre-training) / real-target reference
   synthetic.py   synthetic conversations: the tiny target's corpus and the bundled sample data
+  margins.py     how decided the tiny target's greedy choices are: margins and near-tie shares (the stage's gate)
 
-May import: dflash.core, dflash.drafter.
+May import: dflash.core.
 """

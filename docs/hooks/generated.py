@@ -14,6 +14,8 @@ the same strict validation as the rest of the site). Kinds:
                                 own code, for the overlay and the variants the guides discuss
     plan-report                 that plan's whole report (what `python -m stages.plan --overlay ...` prints)
     provenance FILE...          which commit last changed the files, and when (`git log -1`)
+    layout dflash | packages    the library's map from its package docstrings: dflash/__init__.py's, or every
+                                package's (core, drafter, then the stages in pipeline order), each verbatim
 
 Anything it cannot read or parse (a field without a comment, a missing report, an unknown kind) stops the
 build with an error naming the file: a generated page is never silently empty.
@@ -362,6 +364,31 @@ def render_plan_case() -> str:
     return _table(header, rows) + "\n"
 
 
+# ---- the library's map ------------------------------------------------------------------------------------
+
+LAYOUT_ORDER = ["core", "drafter", "target", "audit", "generate", "tokenize", "train", "eval", "plan", "report"]
+
+
+def _package_doc(folder: Path) -> str:
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    if not doc:
+        raise PluginError(f"{folder.relative_to(REPO)}/__init__.py: no docstring")
+    return doc
+
+
+def render_layout(which: str) -> str:
+    """`dflash`: the top package's docstring; `packages`: one section per package with its docstring (every package
+    of dflash/, in LAYOUT_ORDER, any other after them)."""
+    root = REPO / "dflash"
+    if which == "dflash":
+        return f"```text\n{_package_doc(root)}\n```\n"
+    if which != "packages":
+        raise PluginError(f"layout: expected `dflash` or `packages`, got {which!r}")
+    found = sorted(p.parent.name for p in root.glob("*/__init__.py"))
+    order = [p for p in LAYOUT_ORDER if p in found] + [p for p in found if p not in LAYOUT_ORDER]
+    return "\n".join(f"### `dflash/{p}/`\n\n```text\n{_package_doc(root / p)}\n```\n" for p in order)
+
+
 RENDERERS = {
     "params": render_params,
     "metrics": render_metrics,
@@ -370,4 +397,5 @@ RENDERERS = {
     "plan-case": render_plan_case,
     "plan-report": render_plan_report,
     "provenance": provenance,
+    "layout": render_layout,
 }
