@@ -21,7 +21,9 @@ from dflash.core.io import file_sha256, list_shards, read_arrow, read_json
 from dflash.core.processes import kill_tree
 from dflash.generate import contract
 from dflash.generate import stage as gen
-from tests.helpers import REPO, generate_cmd, write_conversations
+from tests.helpers import REPO
+from tests.helpers.generate import generate_cmd
+from tests.helpers.inputs import write_conversations
 
 # ---------------------------------------------------------------------------------------------- vLLM
 

@@ -16,7 +16,9 @@ import pytest
 
 from dflash.core.io import list_shards, read_arrow, read_json
 from dflash.generate import contract
-from tests.helpers import REPO, generate_cmd, write_conversations
+from tests.helpers import REPO
+from tests.helpers.generate import generate_cmd
+from tests.helpers.inputs import write_conversations
 
 # 2 in flight: the poison search halves 2 suspects to 1 (each halving is an engine death and a restart)
 OVERRIDES = (

@@ -1,5 +1,5 @@
 """DDP on CPU / gloo (two spawned processes with torchrun's environment): step 0's gradients equal one process
-on the same global batch, and differ from one process on half of it. Target and shards: tests/helpers.py.
+on the same global batch, and differ from one process on half of it. Target and shards: tests/helpers/train.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash.train.loop import Trainer
-from tests.helpers import free_port, one_thread, rank_env, train_params
+from tests.helpers.train import free_port, one_thread, rank_env, train_params
 
 # ------------------------------------------------------------------------------------------------ DDP
 

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from dflash.core.loader import load_params
 from dflash.train import loop
 from dflash.train.data import pack_best_fit, scan_shards, write_shard
 from dflash.train.loop import Trainer
 from dflash.train.pilot import PHASES, longest_rows, most_anchor_rows, row_anchors, run_pilot
-from tests.helpers import REPO, small_qwen3_config
+from tests.helpers import REPO, repo_params
+from tests.helpers.models import small_qwen3_config
 
 VOCAB, MASK = 512, 511
 LONG = (150, 190, 230)  # the long documents' lengths (tokens), the longest last
@@ -96,7 +96,7 @@ def _overrides(target: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _params(target: Path, out: Path, *extra: str):
-    return load_params(REPO / "params.yaml", _overrides(target, out, *extra))
+    return repo_params(_overrides(target, out, *extra))
 
 
 # ------------------------------------------------------------------------------------------ the worst rows

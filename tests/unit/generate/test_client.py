@@ -16,7 +16,6 @@ import pytest
 from benchmarks.fake_openai_servers import FakeServer
 from dflash.core.chat import template_kwargs
 from dflash.core.io import list_shards, read_arrow
-from dflash.core.loader import load_params
 from dflash.generate import servers_backend as client
 from dflash.generate.contract import Unit, count_prompts
 from dflash.generate.health import HealthRules, ServerHealth
@@ -24,7 +23,8 @@ from dflash.generate.progress import Progress
 from dflash.generate.servers import ServerError, http_failure, parse_reply, retry_after_s
 from dflash.generate.stage import make_units
 from dflash.generate.turns import TurnBook
-from tests.helpers import REPO, fake_worker_config, repo_params
+from tests.helpers import repo_params
+from tests.helpers.generate import fake_worker_config
 
 VOCAB = 151936
 
@@ -141,7 +141,7 @@ def dispatch(tmp_path, qwen_tokenizer, monkeypatch):
     monkeypatch.setattr(client, "backoff_s", lambda attempts: 0.01)
 
     def run(urls: list[str], n: int, *overrides: str):
-        g = load_params(REPO / "params.yaml", ["generate.unit_size=4", "generate.request_timeout_s=30", *overrides])
+        g = repo_params(["generate.unit_size=4", "generate.request_timeout_s=30", *overrides])
         convs = _convs(n)
         d = client.ServersDispatcher(
             make_units(convs, 4),

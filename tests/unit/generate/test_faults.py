@@ -26,7 +26,8 @@ from benchmarks.fake_openai_servers import FakeServer
 from dflash.core import cli
 from dflash.core.io import list_shards, read_arrow, read_json, write_json
 from stages import generate as generate_stage
-from tests.helpers import PARAMS, repo_params, write_conversations
+from tests.helpers import PARAMS, repo_params
+from tests.helpers.inputs import write_conversations
 
 VOCAB = 151936  # the fake target's config.json vocab_size (every Qwen3 checkpoint's)
 POISON = "Recite the forbidden verse."

@@ -15,13 +15,13 @@ import pytest
 from benchmarks.fake_openai_servers import FakeServer
 from dflash.core.errors import ParamsError
 from dflash.core.io import list_shards, read_arrow
-from dflash.core.loader import load_params
 from dflash.core.validate import check_generate
 from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
 from dflash.generate.registry import ServerRegistry, changes
 from dflash.generate.stage import make_units
-from tests.helpers import REPO, fake_worker_config
+from tests.helpers import repo_params
+from tests.helpers.generate import fake_worker_config
 
 
 def _convs(n: int) -> list[dict]:
@@ -42,7 +42,7 @@ def run_registry(tmp_path, qwen_tokenizer):
     read every 0.05 s; (result, rows by sample id)."""
 
     def run(reg, n: int, *overrides: str):
-        g = load_params(REPO / "params.yaml", ["generate.unit_size=4", "generate.max_num_seqs=2", *overrides])
+        g = repo_params(["generate.unit_size=4", "generate.max_num_seqs=2", *overrides])
         convs = _convs(n)
         out = tmp_path / "run"
         out.mkdir()
@@ -162,8 +162,6 @@ def test_registry_reads_urls_refuses_bad_entries_once_and_computes_changes(tmp_p
 
 
 def test_server_registry_and_server_urls_are_one_or_the_other():
-    params = load_params(
-        REPO / "params.yaml", ["generate.server_registry=/shared/reg", "generate.server_urls=[http://n1:8000/v1]"]
-    )
+    params = repo_params(["generate.server_registry=/shared/reg", "generate.server_urls=[http://n1:8000/v1]"])
     with pytest.raises(ParamsError, match=r"^generate\.server_registry: set it or generate\.server_urls"):
         check_generate(params)

@@ -22,7 +22,8 @@ from dflash.generate import servers
 from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
 from dflash.generate.stage import make_units
-from tests.helpers import fake_worker_config, repo_params
+from tests.helpers import repo_params
+from tests.helpers.generate import fake_worker_config
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "OK."}

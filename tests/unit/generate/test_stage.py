@@ -10,7 +10,8 @@ import pytest
 from dflash.core.errors import UserError
 from dflash.generate import contract
 from dflash.generate import stage as gen
-from tests.helpers import repo_params, write_conversations
+from tests.helpers import repo_params
+from tests.helpers.inputs import write_conversations
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "OK."}

@@ -15,7 +15,8 @@ from dflash.core.errors import UserError
 from dflash.train import distributed
 from dflash.train.data import shard_step
 from dflash.train.loop import Trainer, train
-from tests.helpers import repo_params, train_overrides
+from tests.helpers import repo_params
+from tests.helpers.train import train_overrides
 
 # ------------------------------------------------------------------------------------------------ units
 
