@@ -166,7 +166,7 @@ def _worker(argv: list[str]) -> None:
     if mode == "grads":
         trainer = Trainer(params, data_dir)
         metrics = trainer.compute_gradients(0)
-        docs = [d for _, b in trainer.micro_batches(0) for d in b.documents]
+        docs = [d for _, b in trainer.data.micro_batches(0) for d in b.documents]
         grads = [p.grad.clone() for p in trainer.model.parameters()] if trainer.dist.is_main else []
         info = dataclasses.asdict(trainer.dist) | {"nodes": trainer.dist.nodes}
         torch.save({"dist": info, "docs": docs, "metrics": metrics, "grads": grads}, f"{result}-{trainer.rank}.pt")

@@ -40,8 +40,9 @@ from dflash.train.data import (
     write_shard,
 )
 from dflash.train.features import TargetFeatures
-from dflash.train.loop import Trainer, lr_factor, train
+from dflash.train.loop import Trainer, train
 from dflash.train.loss import LMHead, block_loss, slot_weights, tau_hat
+from dflash.train.parts import lr_factor
 from tests.helpers import REPO, repo_params
 from tests.helpers.train import one_thread, train_documents, train_overrides, train_params
 
