@@ -92,7 +92,7 @@ def child(args: argparse.Namespace) -> None:
     except ImportError:  # a tree from before the backends were named (--baseline, --tree): client.py
         client = importlib.import_module("dflash.generate.client")
     from dflash.generate.contract import WorkerConfig, count_prompts
-    from dflash.generate.stage import make_units
+    from dflash.generate.units import make_units
     from dflash.target.build import QWEN3_VOCAB_ROWS, qwen3_tokenizer_dir
 
     urls = args.urls.split(",")

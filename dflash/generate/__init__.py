@@ -22,9 +22,11 @@
   serve_command.py  the vLLM server command with the stage's engine settings (`--server-command`)
   sweep.py      the pilot's concurrency sweep on one server (the knee: dflash/core/concurrency.py)
   pilot.py      the pilot's throughput / output-length report and extrapolation
-  stage.py      the stage: run identity (hash), units, resume (and re-opening units with failed turns), metrics
+  units.py      the run folder (identity hash), units, what is left of them (resume, re-opening units with failed
+                turns), the counts over the committed shards
+  stage.py      the stage in named steps: params, conversations, the run folder and its units, a backend, metrics
 
-The chain runs one way: contract <- turns <- worker <- engines_backend <- stage, progress <- engines_backend /
+The chain runs one way: contract <- turns <- worker <- engines_backend <- stage, turns <- units <- stage, progress <- engines_backend /
 servers_backend / sweep, turns <- servers <- endpoint <- servers_backend / sweep <- stage, health <-
 servers_backend, registry <- servers_backend, servers_backend / stage <- serve_command (no cycle). May import:
 dflash.core; aiohttp (endpoint.py). vLLM only inside the worker process (the servers backend

@@ -6,8 +6,10 @@ plan came once the stages ran.
   settings.py     the runs it prices: generate's engines and train's knobs beside the efficiency assumptions
   context.py      PlanContext: every input above, read and resolved once, passed down to the estimates
   sizing.py       bytes a target loads and reads per decode step, KV / Gated DeltaNet cache, decode FLOPs
-  generation.py   generation: roofline decode per vLLM engine, cache capacity, the generate pilot's rate and drain
-  training.py     training: FLOPs per sequence, per-GPU memory and time per device layout, the training pilot
+  generation.py   generation: roofline decode per vLLM engine, cache capacity, the generate pilot's rate in it
+  generation_pilot.py  which measured rate stands for the planned run, the drain a pilot run includes
+  training_costs.py    FLOPs and per-GPU memory of one training sequence, by part (TrainingFlops, TrainingMemory)
+  training.py     training: time and memory per device layout, the training pilot in place of the model
   serving.py      the predicted speedup of speculative decoding (plan.serving): draft + verification step roofline,
                   with the whole and a pruned draft vocabulary, and the training the pruned one saves
   deadline.py     plan.deadline_hours: the smallest cluster (nodes x GPUs) that meets it, gradient all-reduce included

@@ -21,6 +21,7 @@ from dflash.core.io import file_sha256, list_shards, read_arrow, read_json
 from dflash.core.processes import kill_tree
 from dflash.generate import contract
 from dflash.generate import stage as gen
+from dflash.generate.units import make_units
 from tests.helpers import REPO
 from tests.helpers.generate import generate_cmd
 from tests.helpers.inputs import write_conversations
@@ -181,12 +182,12 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     assert not left, "engine-core processes left running after the stage exited"
     assert "unit-00001" in out.stderr and "failed after retries" in out.stderr
     m = read_json(ws / "reports" / "generate_details.json")
-    bad = gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)[1]
+    bad = make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)[1]
     assert m["num_failed"] == contract.count_prompts(bad.conversations)
     assert m["num_completed"] + m["num_skipped"] + m["num_failed"] == m["num_prompts"]
     assert [u["unit"] for u in m["units_failed"]] == [1]
     names = {p.name for p in list_shards(Path(m["run_dir"]), "unit-*.arrow")}
-    assert names == {
-        u.name for u in gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)
-    } - {bad.name}
+    assert names == {u.name for u in make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)} - {
+        bad.name
+    }
     assert not (ws / "generate" / "current.json").exists()  # an incomplete run is never marked current

@@ -21,8 +21,8 @@ from dflash.generate.contract import Unit, count_prompts
 from dflash.generate.health import HealthRules, ServerHealth
 from dflash.generate.progress import Progress
 from dflash.generate.servers import ServerError, http_failure, parse_reply, retry_after_s
-from dflash.generate.stage import make_units
 from dflash.generate.turns import TurnBook
+from dflash.generate.units import make_units
 from tests.helpers import repo_params
 from tests.helpers.generate import fake_worker_config
 

@@ -21,7 +21,7 @@ from dflash.core.validate import check_generate
 from dflash.generate import servers
 from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
-from dflash.generate.stage import make_units
+from dflash.generate.units import make_units
 from tests.helpers import repo_params
 from tests.helpers.generate import fake_worker_config
 

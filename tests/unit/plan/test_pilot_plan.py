@@ -16,7 +16,7 @@ import pytest
 
 from dflash.core.target_config import target_signature
 from dflash.plan import estimate, report
-from dflash.plan.generation import drain_step_cost, drained_seconds, steady_rate
+from dflash.plan.generation_pilot import drain_step_cost, drained_seconds, steady_rate
 from dflash.plan.published import PublishedRuns, check_runs
 from tests.helpers import PARAMS, REPO, plan_params, repo_params
 

@@ -16,8 +16,7 @@ from dflash.plan import estimate as plan
 from dflash.plan import generation as plan_generation
 from dflash.plan import inputs as plan_inputs
 from dflash.plan import report as plan_report
-from dflash.plan import sizing
-from dflash.plan import training as plan_training
+from dflash.plan import sizing, training_costs
 from stages import plan as plan_stage
 from tests.helpers import plan_params, repo_params
 
@@ -245,7 +244,7 @@ def test_target_loss_targets_cost_the_target_head_and_its_full_depth(tmp_path):
         lt: plan.make_plan(plan_params(tmp_path / "reports", "drafter.kind=dflash", f"train.loss_target={lt}"))[
             "training"
         ]
-        for lt in plan_training.LOGITS_BYTES
+        for lt in training_costs.LOGITS_BYTES
     }
     f = {lt: r["flops_per_sequence"] for lt, r in runs.items()}
     cfg = json.loads(Path(QWEN36).read_text())["text_config"]
