@@ -26,6 +26,7 @@ from dflash.generate.contract import (
     Ready,
     RowDone,
     Submitted,
+    Unit,
     UnitDone,
     UnitStarted,
     WorkerConfig,
@@ -84,7 +85,7 @@ def _worker_loop(engine_index: int, cfg: WorkerConfig, inbox: mp.Queue, outbox: 
     poisoned = False
     no_more = False
 
-    def note_rows(unit) -> None:  # every sample id of a unit -> the unit (skipped turns have rows too)
+    def note_rows(unit: Unit) -> None:  # every sample id of a unit -> the unit (skipped turns have rows too)
         for c in unit.conversations:
             for k in range(len(generation_targets(c["messages"]))):
                 unit_of[f"{c['conversation_id']}:{k}"] = unit.index

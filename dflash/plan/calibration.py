@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash.plan.context import PlanContext
-from dflash.plan.generation import generation_estimate
 from dflash.plan.measured import StageRun, TrainPilot
 from dflash.plan.training import TrainingEstimate, training_estimate
 
@@ -52,16 +51,7 @@ def generate_calibration(ctx: PlanContext, run: StageRun) -> Calibration:
     """The generate stage's run vs the plan for its engines (module docstring)."""
     gs = ctx.gs
     gpus = run.engines_or_world * gs.tensor_parallel_size
-    est = generation_estimate(
-        ctx.target,
-        ctx.hw,
-        gs,
-        weight_dtype=ctx.weight_dtype,
-        num_gpus=gpus,
-        data=ctx.data,
-        price=0.0,
-        backend=ctx.backend,
-    )
+    est = ctx.generation_on(gpus)
     model_h, pilot_h = est.model_wall_hours.mid, est.pilot.calibrated_wall_hours if est.pilot else None
     model_s = model_h * 3600 if model_h is not None else None
     pilot_s = pilot_h * 3600 if pilot_h is not None else None

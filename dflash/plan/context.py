@@ -1,6 +1,7 @@
 """What every estimate of the plan prices with, read and resolved once by dflash/plan/estimate.py and passed down:
 the params, the files the plan reads (their paths resolved once), the target, the drafter, the hardware profile, the
-two stages' settings, the dataset and the training pilot."""
+two stages' settings, the dataset and the training pilot; and the two estimates on a GPU count, as the headline, the
+scaling table, the deadline search and the calibration ask for them."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dflash.core.hardware import GpuProfile
 from dflash.core.params import Params, PlanParams
 from dflash.core.target_config import TargetArch
 from dflash.drafter.geometry import DrafterConfig
+from dflash.plan.generation import GenerationEstimate, generation_estimate
 from dflash.plan.inputs import Dataset, PlanPaths, TokenizerFacts
 from dflash.plan.measured import TrainPilot
 from dflash.plan.settings import GenerationSettings, TrainSettings
+from dflash.plan.training import TrainingEstimate, training_at
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,30 @@ class PlanContext:
     def backend(self) -> str:
         """generate.backend: engines | servers (which pilot measurement stands for the planned run)."""
         return self.params.generate.backend
+
+    def generation_on(self, num_gpus: int, price: float = 0.0) -> GenerationEstimate:
+        """The generation estimate on `num_gpus` GPUs (dflash/plan/generation.py); `price` USD per GPU-hour."""
+        return generation_estimate(
+            self.target,
+            self.hw,
+            self.gs,
+            weight_dtype=self.weight_dtype,
+            num_gpus=num_gpus,
+            data=self.data,
+            price=price,
+            backend=self.backend,
+        )
+
+    def training_on(self, num_gpus: int) -> TrainingEstimate:
+        """Training on `num_gpus` GPUs in the planned layout scaled to them (dflash/plan/training.py `training_at`)."""
+        return training_at(
+            self.target,
+            self.drafter,
+            self.hw,
+            ta=self.ta,
+            weight_dtype=self.weight_dtype,
+            num_gpus=num_gpus,
+            data=self.data,
+            planned_gpus=self.ta.num_gpus,
+            pilot=self.pilot,
+        )

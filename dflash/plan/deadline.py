@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from dflash.core.errors import UserError
 from dflash.drafter.geometry import parameter_counts
 from dflash.plan.context import PlanContext
-from dflash.plan.generation import generation_estimate
 from dflash.plan.settings import TrainSettings
-from dflash.plan.training import Layout, TrainingEstimate, training_at
+from dflash.plan.training import Layout, TrainingEstimate
 
 GB = 1e9
 GRAD_BYTES_PER_PARAM = 4  # fp32 gradients of the fp32 master weights (dflash/train/loop.py)
@@ -135,30 +134,8 @@ def size_row(ctx: PlanContext, gpus: int) -> SizeRow:
     """Generation + training hours of one cluster size (None hours where the model does not fit)."""
     per_node = ctx.plan.gpus_per_node
     nodes = math.ceil(gpus / per_node)
-    gen = None
-    if gpus >= ctx.gs.tensor_parallel_size:
-        est_gen = generation_estimate(
-            ctx.target,
-            ctx.hw,
-            ctx.gs,
-            weight_dtype=ctx.weight_dtype,
-            num_gpus=gpus,
-            data=ctx.data,
-            price=0.0,
-            backend=ctx.backend,
-        )
-        gen = est_gen.wall_hours.mid
-    est = training_at(
-        ctx.target,
-        ctx.drafter,
-        ctx.hw,
-        ta=ctx.ta,
-        weight_dtype=ctx.weight_dtype,
-        num_gpus=gpus,
-        data=ctx.data,
-        planned_gpus=ctx.ta.num_gpus,
-        pilot=ctx.pilot,
-    )
+    gen = ctx.generation_on(gpus).wall_hours.mid if gpus >= ctx.gs.tensor_parallel_size else None
+    est = ctx.training_on(gpus)
     link = ctx.hw.interconnect_gbps if nodes == 1 else min(ctx.hw.interconnect_gbps, ctx.plan.internode_gbps)
     nbytes = grad_bytes(ctx)
     options = {

@@ -35,14 +35,14 @@ from dflash.plan.assumptions import assumptions
 from dflash.plan.calibration import Calibration, calibration_summary, generate_calibration, train_calibration
 from dflash.plan.context import PlanContext
 from dflash.plan.deadline import deadline_assumptions, deadline_plan
-from dflash.plan.generation import GenerationEstimate, generation_estimate
+from dflash.plan.generation import GenerationEstimate
 from dflash.plan.inputs import dataset_inputs, load_target, load_tokenizer_facts, planned_hardware, resolve_paths
 from dflash.plan.measured import read_generate_run, read_train_pilot, read_train_run
 from dflash.plan.published import PublishedRuns, check_runs
 from dflash.plan.result import DrafterFacts, Plan, PlanInputs, PlannedHardware, ScalingRow, TargetFacts
 from dflash.plan.serving import plan_serving
 from dflash.plan.settings import generation_settings, planned_max_num_seqs, train_settings
-from dflash.plan.training import TrainingEstimate, training_at, training_estimate
+from dflash.plan.training import TrainingEstimate, training_estimate
 
 __all__ = ["Plan", "build_plan", "generation_settings", "make_plan", "planned_max_num_seqs"]
 
@@ -77,20 +77,6 @@ def plan_context(params: Params) -> PlanContext:
     )
 
 
-def generation_on(ctx: PlanContext, num_gpus: int, price: float) -> GenerationEstimate:
-    """The generation estimate on `num_gpus` GPUs (dflash/plan/generation.py)."""
-    return generation_estimate(
-        ctx.target,
-        ctx.hw,
-        ctx.gs,
-        weight_dtype=ctx.weight_dtype,
-        num_gpus=num_gpus,
-        data=ctx.data,
-        price=price,
-        backend=ctx.backend,
-    )
-
-
 def headline_training(ctx: PlanContext) -> TrainingEstimate:
     """Training on the planned GPUs in the planned layout, with its cost (dflash/plan/training.py)."""
     ta = ctx.ta
@@ -113,18 +99,8 @@ def scaling_rows(ctx: PlanContext) -> list[ScalingRow]:
     """Hours of generation and training at each of plan.gpu_counts (the split keeps its planned share)."""
     rows = []
     for gpus in ctx.plan.gpu_counts:
-        tr = training_at(
-            ctx.target,
-            ctx.drafter,
-            ctx.hw,
-            ta=ctx.ta,
-            weight_dtype=ctx.weight_dtype,
-            num_gpus=gpus,
-            data=ctx.data,
-            planned_gpus=ctx.ta.num_gpus,
-            pilot=ctx.pilot,
-        )
-        gen_h = generation_on(ctx, gpus, 0.0).wall_hours.mid if gpus >= ctx.gs.tensor_parallel_size else None
+        tr = ctx.training_on(gpus)
+        gen_h = ctx.generation_on(gpus).wall_hours.mid if gpus >= ctx.gs.tensor_parallel_size else None
         rows.append(ScalingRow(gpus, gen_h, tr.headline.total_hours, tr.layout, tr.headline.fits))
     return rows
 
@@ -200,7 +176,7 @@ def target_facts(ctx: PlanContext) -> TargetFacts:
 def build_plan(params: Params, *, published: PublishedRuns | None = None) -> Plan:
     """The plan (module docstring); with `published`, the model held against those published runs."""
     ctx = plan_context(params)
-    gen = generation_on(ctx, ctx.plan.num_gpus, ctx.price)
+    gen = ctx.generation_on(ctx.plan.num_gpus, ctx.price)
     train = headline_training(ctx)
     deadline = deadline_plan(ctx) if ctx.plan.deadline_hours > 0 else None
     calibration = calibrations(ctx)
