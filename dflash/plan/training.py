@@ -157,50 +157,19 @@ def pilot_view(
     )
 
 
-def training_estimate(
-    t: TargetArch,
-    d: DrafterConfig,
+def device_layouts(
+    mem: TrainingMemory,
     hw: GpuProfile,
-    *,
     ta: TrainSettings,
-    weight_dtype: str,
+    *,
     num_gpus: int,
-    data: Dataset,
-    split_target_gpus: int | None = None,
-    layout: str | None = None,
-    pilot: TrainPilot | None = None,
-    draft_vocab_rows: int | None = None,
-) -> TrainingEstimate:
-    """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
-    plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
-    replaces the model's seconds per sequence. `draft_vocab_rows`: price a pruned draft vocabulary
-    (training_flops_per_sequence)."""
-    # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
-    rows = pilot.lm_head_rows if pilot is not None else None
-    flops = training_flops_per_sequence(
-        t,
-        d,
-        ta,
-        seq_tokens=data.seq_tokens,
-        loss_tokens=data.loss_tokens,
-        vocab_rows=rows,
-        draft_vocab_rows=draft_vocab_rows,
-    )
-    mem = training_memory(t, d, ta, weight_dtype=weight_dtype, seq_tokens=data.seq_tokens, anchors=flops.anchors)
-    peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
-    rate = peak * 1e12 * ta.mfu
-    recompute = (flops.drafter_q_o_mlp + flops.drafter_attention) / 3 if ta.activation_checkpointing else 0.0
-    target_s = flops.target_forward / rate
-    drafter_s = (flops.total - flops.target_forward + recompute) / rate
-    model_s = target_s + drafter_s
-    view, source = None, "model"
-    if pilot is not None and pilot.ran_on(hw):
-        # the pilot ran on the data the plan prices: its epoch of packed rows at its step time, per planned sample
-        per_sample = pilot.epoch_seconds_one_process() / data.train_samples
-        view = pilot_view(pilot, ta, flops_total=flops.total, peak_tflops=peak, model_s=model_s, per_sample=per_sample)
-        target_s, drafter_s = per_sample * pilot.target_share, per_sample * (1 - pilot.target_share)
-        source = "pilot"
-    samples = data.train_samples
+    split_target_gpus: int | None,
+    target_s: float,
+    drafter_s: float,
+    samples: float,
+) -> dict[str, Layout]:
+    """Each device layout on `num_gpus` GPUs (module docstring): its memory per GPU role with the verdict, and its
+    hours for `samples` sequences an epoch at `target_s` + `drafter_s` seconds per sequence on one GPU."""
     seqs_per_gpu_step = ta.batch_size * ta.grad_accum_steps
     layouts: dict[str, Layout] = {}
 
@@ -268,6 +237,62 @@ def training_estimate(
         split.feature_transfer_ms_per_seq = (
             mem.features / ta.batch_size / (hw.interconnect_gbps * GB) * 1e3 if hw.interconnect_gbps > 0 else None
         )
+    return layouts
+
+
+def training_estimate(
+    t: TargetArch,
+    d: DrafterConfig,
+    hw: GpuProfile,
+    *,
+    ta: TrainSettings,
+    weight_dtype: str,
+    num_gpus: int,
+    data: Dataset,
+    split_target_gpus: int | None = None,
+    layout: str | None = None,
+    pilot: TrainPilot | None = None,
+    draft_vocab_rows: int | None = None,
+) -> TrainingEstimate:
+    """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
+    plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
+    replaces the model's seconds per sequence. `draft_vocab_rows`: price a pruned draft vocabulary
+    (training_flops_per_sequence)."""
+    # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
+    rows = pilot.lm_head_rows if pilot is not None else None
+    flops = training_flops_per_sequence(
+        t,
+        d,
+        ta,
+        seq_tokens=data.seq_tokens,
+        loss_tokens=data.loss_tokens,
+        vocab_rows=rows,
+        draft_vocab_rows=draft_vocab_rows,
+    )
+    mem = training_memory(t, d, ta, weight_dtype=weight_dtype, seq_tokens=data.seq_tokens, anchors=flops.anchors)
+    peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
+    rate = peak * 1e12 * ta.mfu
+    recompute = (flops.drafter_q_o_mlp + flops.drafter_attention) / 3 if ta.activation_checkpointing else 0.0
+    target_s = flops.target_forward / rate
+    drafter_s = (flops.total - flops.target_forward + recompute) / rate
+    model_s = target_s + drafter_s
+    view, source = None, "model"
+    if pilot is not None and pilot.ran_on(hw):
+        # the pilot ran on the data the plan prices: its epoch of packed rows at its step time, per planned sample
+        per_sample = pilot.epoch_seconds_one_process() / data.train_samples
+        view = pilot_view(pilot, ta, flops_total=flops.total, peak_tflops=peak, model_s=model_s, per_sample=per_sample)
+        target_s, drafter_s = per_sample * pilot.target_share, per_sample * (1 - pilot.target_share)
+        source = "pilot"
+    layouts = device_layouts(
+        mem,
+        hw,
+        ta,
+        num_gpus=num_gpus,
+        split_target_gpus=split_target_gpus,
+        target_s=target_s,
+        drafter_s=drafter_s,
+        samples=data.train_samples,
+    )
     choice = layout or ta.layout
     if choice == "auto":
         fitting = [k for k, v in layouts.items() if v.fits]
