@@ -71,8 +71,9 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST)
 
+# The unit folder: every test there is fast (tests/conftest.py refuses a `slow` mark outside tests/integration/).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not slow"
+	$(PY) -m pytest -q $(XDIST) tests/unit
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,7 @@ from dflash.core import figures  # noqa: E402
 from dflash.core.io import read_json  # noqa: E402
 from dflash.core.loader import load_params  # noqa: E402
 from dflash.plan.report import time_vs_gpus  # noqa: E402
+from dflash.plan.result import ScalingRow  # noqa: E402
 from dflash.report import charts  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def main() -> None:
     specs = {f.name: f.spec for f in charts.model_figures(params)}
     plan = Path(args.reports) / "plan_details.json"
     if plan.is_file():
-        specs["plan_time_vs_gpus.png"] = time_vs_gpus(read_json(plan))
+        specs["plan_time_vs_gpus.png"] = time_vs_gpus([ScalingRow(**r) for r in read_json(plan)["scaling"]])
     print(f"\n{'figure':<26} {'points':>7} {'best s':>8} {'PNG kB':>8}")
     for name, spec in specs.items():
         seconds, png = best(lambda spec=spec: figures.render_png(spec), args.repeats)

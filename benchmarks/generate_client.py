@@ -2,7 +2,7 @@
 with 1,500-token replies (benchmarks/fake_openai_servers.py, all of them in one process of their own).
 
 For each in-flight level (default 256, 1,024, 4,096, 8,192 = `--servers` x max_num_seqs), a fresh process runs
-the real client (dflash.generate.client.ServersDispatcher: rendering with the real Qwen3 tokenizer and chat
+the real client (dflash.generate.servers_backend.ServersDispatcher: rendering with the real Qwen3 tokenizer and chat
 template, reply validation, the reasoning split, rows, zstd shard commits into a temp folder) over
 `--conversations` single-turn conversations (default max(20,000, 5 x the level): the client renders up to 2 x the
 level ahead, so fewer would leave the measured window without the rendering a steady state has), and reports:
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import random
@@ -85,9 +86,13 @@ def child(args: argparse.Namespace) -> None:
     from dflash.core.chat import template_kwargs
     from dflash.core.hf import load_tokenizer
     from dflash.core.loader import load_params
-    from dflash.generate import client
+
+    try:
+        client = importlib.import_module("dflash.generate.servers_backend")
+    except ImportError:  # a tree from before the backends were named (--baseline, --tree): client.py
+        client = importlib.import_module("dflash.generate.client")
     from dflash.generate.contract import WorkerConfig, count_prompts
-    from dflash.generate.stage import make_units
+    from dflash.generate.units import make_units
     from dflash.target.build import QWEN3_VOCAB_ROWS, qwen3_tokenizer_dir
 
     urls = args.urls.split(",")
@@ -114,7 +119,14 @@ def child(args: argparse.Namespace) -> None:
     }
     cfg = WorkerConfig(**{k: v for k, v in fields.items() if k in WorkerConfig.__dataclass_fields__})
     d = client.ServersDispatcher(
-        make_units(convs, 64), cfg, g, {u: "fake" for u in urls}, "m", tokenizer, count_prompts(convs), 0
+        make_units(convs, 64),
+        cfg,
+        g,
+        urls={u: "fake" for u in urls},
+        model="m",
+        tokenizer=tokenizer,
+        total_prompts=count_prompts(convs),
+        done=0,
     )
 
     def in_flight() -> int:  # the thread client kept a dict of futures; the asynchronous one counts per server

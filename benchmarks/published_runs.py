@@ -23,23 +23,29 @@ sys.path.insert(0, str(REPO))
 
 from dflash.core.loader import load_params  # noqa: E402
 from dflash.plan import sizing  # noqa: E402
-from dflash.plan.generation import generation_estimate  # noqa: E402
+from dflash.plan.generation import GenerationEstimate, generation_estimate  # noqa: E402
 from dflash.plan.inputs import dataset_inputs, load_target, planned_hardware, resolve_paths  # noqa: E402
-from dflash.plan.published import check_runs  # noqa: E402
-from dflash.plan.settings import generation_settings  # noqa: E402
+from dflash.plan.published import PublishedRuns, check_runs  # noqa: E402
+from dflash.plan.settings import GenerationSettings, generation_settings  # noqa: E402
 
 LEVELS = (8, 16, 32, 64, 96, 128, 256)
 
 
 def breakdown(overlay: str, measured: str, value: float) -> dict:
     """The model's decode step at the run's batch, and the per-engine rate at every concurrency level."""
-    params = load_params(REPO / "params.yaml", overlays=[overlay])
+    params = load_params(REPO / "params.yaml", overlays=[REPO / overlay])
     plan = params.plan
     paths = resolve_paths(plan, params.base)
     t, hw = load_target(paths.target_config), planned_hardware(plan)
-    gs = generation_settings(params, paths.target_config)
-    data = dataset_inputs(plan, paths, t.signature, measured=False)
-    est = generation_estimate(t, hw, gs, plan.weight_dtype, plan.num_gpus, data, 0.0)
+    gs = generation_settings(params, paths)
+    data = dataset_inputs(plan, paths, signature=t.signature, measured=False)
+
+    def estimate(settings: GenerationSettings) -> GenerationEstimate:
+        return generation_estimate(
+            t, hw, settings, weight_dtype=plan.weight_dtype, num_gpus=plan.num_gpus, data=data, price=0.0
+        )
+
+    est = estimate(gs)
     cap, step = est.memory, est.step
     ctx = cap.resident_context_tokens
     kv = sizing.kv_bytes_per_token(t, gs.kv_cache_dtype, ctx) * ctx * step.batch
@@ -52,8 +58,7 @@ def breakdown(overlay: str, measured: str, value: float) -> dict:
     )
     curve = {}
     for level in LEVELS:
-        g = dataclasses.replace(gs, max_num_seqs=level)
-        e = generation_estimate(t, hw, g, plan.weight_dtype, plan.num_gpus, data, 0.0)
+        e = estimate(dataclasses.replace(gs, max_num_seqs=level))
         curve[level] = e.model_tokens_per_s / e.engines if e.engines else None
     return {
         "batch": step.batch,
@@ -84,7 +89,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     out = []
-    for c in check_runs(REPO / "params.yaml", REPO / "params/published/runs.yaml"):
+    for c in check_runs(PublishedRuns(REPO / "params.yaml", REPO / "params/published/runs.yaml")):
         b = breakdown(c.overlay, c.measured, c.value)
         out.append({**dataclasses.asdict(c), "breakdown": b})
         print(f"\n== {c.key}: {c.what}")

@@ -110,8 +110,20 @@ def _overfit(cfg, target, sequences, steps: int):
         for feats, embeds, m, final in batches:
             hidden = model(feats, embeds, m.anchors)
             norm = normaliser_share(m.valid, slot_w)
-            inputs = (slot_w, norm, 4096, tp, final, target.get_input_embeddings(), feats)  # embed + features: lilicorr
-            micro_loss(model, hidden, m, head, *inputs).loss.backward()
+            out = micro_loss(
+                model,
+                hidden,
+                m,
+                head=head,
+                slot_w=slot_w,
+                normaliser=norm,
+                chunk_rows=4096,
+                tp=tp,
+                final=final,
+                embed=target.get_input_embeddings(),  # embed + features: lilicorr
+                features=feats,
+            )
+            out.loss.backward()
         opt.step()
     return model.eval()
 

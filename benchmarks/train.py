@@ -13,7 +13,7 @@
    error) gets an `error` row; the others still run. Goal on CUDA at seq 4096 / 512 anchors: flex >= 3x dense.
    On CPU the default is forward-only (a training step at seq 4096 / 512 anchors takes minutes there).
 3. Drafter tokens/s = context tokens of the row / step time (the drafter side only: no target forward).
-4. FLOPs per step: dflash.plan.training.training_flops_per_sequence (the planner's model: the drafter's
+4. FLOPs per step: dflash.plan.training_costs.training_flops_per_sequence (the planner's model: the drafter's
    parameter count per block / context token, attention over the visible keys, the frozen lm_head on the
    drafted slots) minus its target-forward part; MFU = FLOPs / step time / the GPU's dense bf16 peak from
    params/hardware.yaml (matched by device name) or --peak-tflops.
@@ -29,6 +29,7 @@ Prints one table per part; --json PATH also writes the attention figures as JSON
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -50,7 +51,7 @@ from dflash.drafter.geometry import build_drafter_config, parameter_counts  # no
 from dflash.drafter.masks import build_masks  # noqa: E402
 from dflash.drafter.model import block_input_ids, block_labels, build_drafter  # noqa: E402
 from dflash.plan.inputs import load_hardware  # noqa: E402
-from dflash.plan.training import training_flops_per_sequence  # noqa: E402
+from dflash.plan.training_costs import training_flops_per_sequence  # noqa: E402
 from dflash.train.data import pack_best_fit  # noqa: E402
 from dflash.train.loss import LMHead, block_loss, slot_weights  # noqa: E402
 
@@ -110,10 +111,11 @@ def gpu_peak_tflops(device_name: str, hardware_file: Path = REPO / "params/hardw
 def step_flops(target, cfg, seq: int, anchors: int, prompt: int) -> dict[str, float]:
     """FLOPs of one drafter training step on a row of `seq` tokens (`prompt` of them outside the loss) with
     `anchors` blocks: the planner's model (dflash/plan/training.py) without the target forward."""
-    ta = SimpleNamespace(max_length=seq, num_anchors=anchors)
-    parts = training_flops_per_sequence(as_target_arch(target), cfg, seq, seq - prompt, ta)
+    ta = SimpleNamespace(max_length=seq, num_anchors=anchors, loss_target="tokens")
+    flops = training_flops_per_sequence(as_target_arch(target), cfg, ta, seq_tokens=seq, loss_tokens=seq - prompt)
+    parts = dataclasses.asdict(flops)
     drafter = {k: v for k, v in parts.items() if k.startswith(("drafter_", "lm_head"))}
-    return {**drafter, "total": sum(drafter.values()), "simple_6PN": parts["simple_6PN"]}
+    return {**drafter, "total": sum(drafter.values()), "simple_6PN": flops.simple_6PN}
 
 
 def build_parser() -> argparse.ArgumentParser:

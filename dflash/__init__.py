@@ -9,6 +9,7 @@
   train/     stage `train`: data packing, target features, loss, checkpoints, the loop, logging
   eval/      stage `eval`: vLLM engine runs, the PyTorch reference evaluator, reports
   plan/      stage `plan`: sizing, inputs, estimates, report
+  report/    stage `report`: the run as one self-contained HTML page, the model stages' figures
 
 Imports run one way: `stages/NAME.py` -> a stage package -> drafter -> core. A stage package never
 imports another stage package; core imports nothing of ours outside core; nothing here imports

@@ -48,7 +48,8 @@ def pilot(params):
 def main(params, args=None):
     """Train (or with `--pilot`, args.pilot, the training pilot only); `args` None = a plain training run."""
     from dflash.core.metrics import write_metrics
-    from dflash.train.loop import HEADLINE, Trainer
+    from dflash.train.loop import Trainer
+    from dflash.train.summary import HEADLINE
 
     if args is not None and args.pilot:
         return pilot(params)

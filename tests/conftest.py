@@ -1,4 +1,4 @@
-"""Shared fixtures and declarative gating (plain helper functions live in tests/helpers.py).
+"""Shared fixtures and declarative gating (plain helper functions live in tests/helpers/, by area).
 
 Layout: tests/unit/<package>/ holds the fast tests of each dflash package (and tests/unit/project/ the checks
 of the repository itself: layout, dvc.yaml, Dockerfile); tests/integration/ holds everything that runs real
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, repo_params, save_train_target, torch_threads, train_documents
+from tests.helpers import REPO, repo_params
+from tests.helpers.train import save_train_target, torch_threads, train_documents
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -201,7 +202,7 @@ def hybrid_and_drafter():
     from transformers import Qwen3NextForCausalLM
 
     from dflash.eval.reference import greedy_decode
-    from tests.helpers import overfit_drafter, small_drafter_config, small_hybrid_config
+    from tests.helpers.models import overfit_drafter, small_drafter_config, small_hybrid_config
 
     torch.manual_seed(0)
     tc = small_hybrid_config()

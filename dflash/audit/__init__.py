@@ -17,5 +17,5 @@
   manifest.py  the input's identity for DVC (files + sha256 with a stat-keyed cache, or the hub id + revision):
                stage audit_input, whose output the audit depends on in place of a glob or an hf: id
 
-May import: dflash.core, dflash.drafter; `datasets` lazily (hub.py only). No torch.
+May import: dflash.core; `datasets` lazily (hub.py only). No torch.
 """

@@ -13,6 +13,10 @@
   contracts.py           the Arrow schemas handed from stage to stage
   gates.py               data-quality gates (audit and tokenize)
   validate.py            the params checks plan, generate, eval and train run first (engine / train / plan sizes)
+  concurrency.py         the pilot sweep's knee rule and `generate.max_num_seqs: auto` (generate and plan)
+  hardware.py            hardware profiles read strictly from `plan.hardware_file` (the plan, the training pilot)
+  metrics.py             a stage's headline metrics (NAME.json) apart from its details (NAME_details.json)
+  figures.py             the one renderer: Vega-Lite charts to PNG without a network, the offline `dvc plots show` page
   processes.py           engine worker processes: clean exit, process-tree kill (generate and eval)
   overlay.py             write a params overlay into params.yaml (`python -m dflash.core.overlay`)
 

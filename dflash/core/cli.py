@@ -56,13 +56,16 @@ def run(
     description: str,
     argv: list[str] | None = None,
     add_args: Callable[[argparse.ArgumentParser], None] | None = None,
+    *,
+    with_args: bool = False,
 ) -> None:
     """Parse args, run `main(params)` (or `main(params, args)` when the stage adds its own flags via
-    `add_args`), and turn a UserError into its message and exit code."""
+    `add_args`, or asks for the parsed arguments with `with_args`: the params file's path), and turn a UserError
+    into its message and exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         params, args = parse_stage_args(description, argv, add_args)
-        if add_args is None:
+        if add_args is None and not with_args:
             main(params)
         else:
             main(params, args)

@@ -35,6 +35,22 @@ def read_yaml(path: str | Path, what: str = "params file") -> dict:
     return data
 
 
+# Keys a params file, an overlay or a -S override may no longer name: key -> the one-line refusal naming what
+# replaced it (each of its meanings got a knob of its own).
+RETIRED = {
+    "generate.max_unit_retries": "retired: its three meanings are three knobs now, generate.request_retries "
+    "(servers: a request's retries), generate.unit_retries (engines: a unit's engine deaths with no request in it) "
+    "and generate.engine_start_retries (engines: failed engine start-ups)",
+}
+
+
+def _refuse_retired(path: tuple) -> None:
+    """The refusal of a retired key (RETIRED) at `path`, before the generic unknown-key one."""
+    reason = RETIRED.get(".".join(str(p) for p in path))
+    if reason is not None:
+        raise _Bad(path, reason)
+
+
 # --------------------------------------------------------------------------------------------
 # Schema check
 # --------------------------------------------------------------------------------------------
@@ -139,6 +155,7 @@ def _build(cls: type, raw: dict, path: Path_, hints_cache: dict) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in raw if k not in names]
     if unknown:
+        _refuse_retired((*path, unknown[0]))
         raise _Bad((*path, unknown[0]), f"unknown key (section {cls.__name__} has: {', '.join(names)})")
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -265,6 +282,8 @@ def apply_overrides(
             elif isinstance(node, dict) and (part in node or (last and ov.op in ("add", "force_add"))):
                 key = part
             elif last:
+                if ".".join(ov.keys) in RETIRED:
+                    raise ParamsError(f"{label}: {'.'.join(ov.keys)}: {RETIRED['.'.join(ov.keys)]}")
                 raise ParamsError(f"{label}: unknown key {'.'.join(ov.keys)!r} in {source}")
             else:
                 raise ParamsError(f"{label}: no section {'.'.join(ov.keys[: depth + 1])!r} in {source}")
@@ -302,6 +321,8 @@ def merge_overlay(base: dict, overlay: dict, source: str = "overlay", origins: d
         for k, v in src.items():
             here = (*path, k)
             if k not in hints:
+                if _where(here) in RETIRED:
+                    raise ParamsError(f"{source}: {_where(here)}: {RETIRED[_where(here)]}")
                 raise ParamsError(f"{source}: {_where(here)}: unknown key (section {cls.__name__})")
             tp = hints[k]
             if dataclasses.is_dataclass(tp) and isinstance(v, dict) and isinstance(dst.get(k), dict):

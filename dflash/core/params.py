@@ -179,7 +179,8 @@ class GenerateParams:
     num_engines: int  # worker processes, one vLLM engine each (data parallel; one per GPU on GPU hosts)
     tensor_parallel_size: int  # GPUs per engine
     unit_size: int  # conversations per work unit (the resume and commit unit)
-    max_unit_retries: int  # retries before giving up: servers: of a request (on another server when there is one), then a failed turn; engines: of a unit whose engine died with no request in it
+    unit_retries: int  # engines backend: retries of a unit whose engine died with none of its requests in it (then it fails whole)
+    engine_start_retries: int  # engines backend: engine start-ups that may fail before the stage stops
     dtype: str  # engine dtype: bfloat16 | float16 | float32
     quantization: str  # "" | fp8 (weights quantized at load)
     max_model_len: int  # context limit; longer prompts are skipped, completions stop there
@@ -203,6 +204,7 @@ class GenerateParams:
         str  # model id the servers must list at /v1/models; "" = target.json's model (the tiny target: its folder)
     )
     request_timeout_s: float  # servers backend: seconds before a request counts as failed (then retried)
+    request_retries: int  # servers backend: retries of a failed request (on another server when there is one) before it is a failed turn
     server_failures_in_a_row: int  # servers backend: failed requests in a row (timeouts count) that quarantine a server
     server_failure_share: float  # servers backend: share of failed requests among its last server_failure_window that quarantines a server
     server_failure_window: int  # servers backend: a server's last requests the failure share is taken over

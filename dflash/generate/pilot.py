@@ -11,7 +11,7 @@ import math
 import random
 
 from dflash.core.params import GenerateParams
-from dflash.generate.dispatch import DispatchResult
+from dflash.generate.contract import DispatchResult
 
 PILOT_HEADLINE = (  # reports/pilot.json, the DVC metrics the plan reads (everything: reports/pilot_details.json)
     "pilot_prompts",

@@ -4,7 +4,7 @@ A folder on a filesystem every node sees holds one file per server, `<name>.url`
 server's base URL (`http://node7:8000/v1`). slurm/generate-servers.sbatch writes a task's file once its
 server's /health answers and removes it when the task exits; anything else that keeps that contract works too
 (a file is written whole: to a hidden temporary name, then renamed). The servers backend's dispatcher
-(dflash/generate/client.py) reads the folder every POLL_S s for as long as the stage runs:
+(dflash/generate/servers_backend.py) reads the folder every POLL_S s for as long as the stage runs:
 
 - a URL that appears is probed (/health, the model check, a one-token completion) and then served;
 - a URL whose last file disappears is drained: it gets no new request, its in-flight requests finish there,

@@ -21,8 +21,8 @@ from pathlib import Path
 from dflash.core.concurrency import resolve_max_num_seqs
 from dflash.core.params import Params
 from dflash.core.target_config import resolve, target_signature
-from dflash.generate.client import server_kwargs
 from dflash.generate.servers import server_command
+from dflash.generate.servers_backend import server_kwargs
 from dflash.generate.stage import _worker_cfg, served_model
 
 

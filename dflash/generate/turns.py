@@ -1,5 +1,5 @@
 """The per-conversation turn logic and the unit commit, shared by both backends: the engines worker
-(dflash/generate/worker.py, vLLM in-process) and the servers client (dflash/generate/client.py, HTTP).
+(dflash/generate/worker.py, vLLM in-process) and the servers client (dflash/generate/servers_backend.py, HTTP).
 
 A `TurnBook` holds the units a backend is working on. `start_unit` renders each conversation's first
 regenerated turn into a `Request` (prompt token ids + per-request seed) or records a skip; `complete`
@@ -185,7 +185,7 @@ class TurnBook:
                 continue
             sid = f"{state.conv['conversation_id']}:{turn}"
             known = self.units[uidx]["unit"].failed_turns.get(sid)
-            if known is not None:  # found to kill the engine (dflash/generate/dispatch.py): not asked again
+            if known is not None:  # found to kill the engine (dflash/generate/engines_backend.py): not asked again
                 self._fail_row(uidx, state, known)
                 skip_rest = AFTER_FAILED
                 state.k += 1

@@ -4,7 +4,7 @@ drains between units and a conversation's next turn goes in the moment its previ
 and commits each unit's shard atomically once all its conversations are done. It tells the dispatcher which
 requests it puts into the engine (Submitted, before they go in) and every row it finishes (RowDone), so an
 engine death loses nothing made and says which requests were in it. A unit's suspects (requests that may kill
-the engine, dflash/generate/dispatch.py) wait until nothing else is in the engine, then go in half at a time.
+the engine, dflash/generate/engines_backend.py) wait until nothing else is in the engine, then go in half at a time.
 Policies: dflash/generate/stage.py; the row contract: GENERATED_SCHEMA in dflash/core/contracts.py; messages:
 dflash/generate/contract.py.
 """
@@ -26,6 +26,7 @@ from dflash.generate.contract import (
     Ready,
     RowDone,
     Submitted,
+    Unit,
     UnitDone,
     UnitStarted,
     WorkerConfig,
@@ -84,7 +85,7 @@ def _worker_loop(engine_index: int, cfg: WorkerConfig, inbox: mp.Queue, outbox: 
     poisoned = False
     no_more = False
 
-    def note_rows(unit) -> None:  # every sample id of a unit -> the unit (skipped turns have rows too)
+    def note_rows(unit: Unit) -> None:  # every sample id of a unit -> the unit (skipped turns have rows too)
         for c in unit.conversations:
             for k in range(len(generation_targets(c["messages"]))):
                 unit_of[f"{c['conversation_id']}:{k}"] = unit.index

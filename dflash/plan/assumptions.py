@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dflash.core.hardware import GpuProfile
 from dflash.core.params import Params
-from dflash.core.target_config import TargetArch
+from dflash.plan.context import PlanContext
 from dflash.plan.result import Plan
 from dflash.plan.settings import GenerationSettings, TrainSettings
 
@@ -17,26 +17,26 @@ LEFT_OUT = (  # what the roofline decode model does not count; the published run
 )
 
 
-def generation_lines(params: Params, g: GenerationSettings, hw: GpuProfile) -> list[str]:
+def generation_lines(params: Params, gs: GenerationSettings, hw: GpuProfile) -> list[str]:
     return [
-        f"Generation: one vLLM engine per {g.tensor_parallel_size} GPU(s). A decode step takes max(bytes read / "
-        f"(bandwidth x {g.bandwidth_efficiency}), FLOPs / ({g.compute_dtype} matmul peak x {g.decode_mfu})); bytes = "
+        f"Generation: one vLLM engine per {gs.tensor_parallel_size} GPU(s). A decode step takes max(bytes read / "
+        f"(bandwidth x {gs.bandwidth_efficiency}), FLOPs / ({gs.compute_dtype} matmul peak x {gs.decode_mfu})); bytes = "
         "weights (minus the embedding table, of which only b rows are read) + each sequence's KV cache + its GDN state "
         "read and written.",
-        f"Batch = min(max_num_seqs {g.max_num_seqs}, sequences that fit in "
+        f"Batch = min(max_num_seqs {gs.max_num_seqs}, sequences that fit in "
         + (
-            f"the {g.kv_cache_memory_gb} GB KV cache of generate.kv_cache_memory_gb). "
-            if g.kv_cache_memory_gb > 0
-            else f"memory x {g.gpu_memory_utilization} minus weights minus a {g.activation_reserve_gb} GB reserve). "
+            f"the {gs.kv_cache_memory_gb} GB KV cache of generate.kv_cache_memory_gb). "
+            if gs.kv_cache_memory_gb > 0
+            else f"memory x {gs.gpu_memory_utilization} minus weights minus a {gs.activation_reserve_gb} GB reserve). "
         )
         + "Mean resident context = prompt + mean output x "
-        f"(1 + cv^2) / 2 with cv = {g.output_length_cv}: in continuous batching long outputs stay resident longer.",
-        f"KV cache {g.kv_cache_dtype}; GDN recurrent state {g.ssm_state_dtype} ({g.ssm_state_dtype_source}; value "
+        f"(1 + cv^2) / 2 with cv = {gs.output_length_cv}: in continuous batching long outputs stay resident longer.",
+        f"KV cache {gs.kv_cache_dtype}; GDN recurrent state {gs.ssm_state_dtype} ({gs.ssm_state_dtype_source}; value "
         "heads x key dim x value dim per linear layer) plus its causal-conv window (kernel - 1 rows, bf16); both "
         "constant per sequence.",
         f"Weights: the text model only, {params.plan.weight_dtype} (fp8 quantizes decoder matmuls; embeddings, lm_head "
         "and norms stay bf16). MTP layers and the vision tower are counted but not loaded.",
-        f"Prefill: 2 x params x prompt tokens + causal attention at {g.prefill_mfu} MFU, added to decode time "
+        f"Prefill: 2 x params x prompt tokens + causal attention at {gs.prefill_mfu} MFU, added to decode time "
         "(continuous batching overlaps part of it: a slight overestimate).",
         "Attention and memory use mean lengths; sequences longer than the mean cost more than linearly in attention, "
         "so attention terms are a low estimate for long-tailed data.",
@@ -44,7 +44,7 @@ def generation_lines(params: Params, g: GenerationSettings, hw: GpuProfile) -> l
         "at the planned concurrency and backend, its drain (the last sequences finishing at a shrinking batch, about "
         "p99 output tokens of steps) taken out and added back once for the full run; else the sweep's level.",
         f"Compute peaks: {hw.key} ({hw.kind}) {hw.bf16_tflops:g} TFLOP/s bf16, {hw.fp32_tflops:g} fp32 (0 = unknown), "
-        f"{hw.bandwidth_tbps:g} TB/s; generation computes in {g.compute_dtype} (generate.dtype).",
+        f"{hw.bandwidth_tbps:g} TB/s; generation computes in {gs.compute_dtype} (generate.dtype).",
     ]
 
 
@@ -91,16 +91,14 @@ def published_lines(p: Plan) -> list[str]:
     ]
 
 
-def assumptions(
-    params: Params, t: TargetArch, hw: GpuProfile, g: GenerationSettings, ta: TrainSettings, p: Plan
-) -> list[str]:
+def assumptions(ctx: PlanContext, p: Plan) -> list[str]:
     """The modelling choices behind the numbers, in words (the report's last section)."""
-    out = generation_lines(params, g, hw) + training_lines(ta, hw)
+    out = generation_lines(ctx.params, ctx.gs, ctx.hw) + training_lines(ctx.ta, ctx.hw)
     out.append(
         "Inputs that exist are read (audit / tokenize / pilot metrics, the training pilot, the stages' own reports "
         "for the calibration); measurements of another target or hardware are set aside and listed."
     )
-    if t.n_linear:
+    if ctx.target.n_linear:
         out.append(
             "Hybrid target: vLLM pads each attention KV block to the size of one layer's GDN state and needs one such "
             "block per linear-layer group per running sequence; it refuses to start when max_num_seqs exceeds the "

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflash.plan.generation import generation_estimate
-from dflash.plan.measured import StageRun
-from dflash.plan.training import training_estimate
+from dflash.plan.context import PlanContext
+from dflash.plan.measured import StageRun, TrainPilot
+from dflash.plan.training import TrainingEstimate, training_estimate
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,11 @@ def _err(planned: float | None, measured: float) -> float | None:
     return planned / measured - 1 if planned is not None and measured > 0 else None
 
 
-def generate_calibration(plan, target, hw, gs, data, run: StageRun, backend: str) -> Calibration:
+def generate_calibration(ctx: PlanContext, run: StageRun) -> Calibration:
     """The generate stage's run vs the plan for its engines (module docstring)."""
+    gs = ctx.gs
     gpus = run.engines_or_world * gs.tensor_parallel_size
-    est = generation_estimate(target, hw, gs, plan.weight_dtype, gpus, data, 0.0, backend)
+    est = ctx.generation_on(gpus)
     model_h, pilot_h = est.model_wall_hours.mid, est.pilot.calibrated_wall_hours if est.pilot else None
     model_s = model_h * 3600 if model_h is not None else None
     pilot_s = pilot_h * 3600 if pilot_h is not None else None
@@ -75,13 +76,27 @@ def generate_calibration(plan, target, hw, gs, data, run: StageRun, backend: str
     )
 
 
-def train_calibration(plan, target, drafter, hw, ta, data, run: StageRun, pilot, layout: str) -> Calibration:
+def train_calibration(ctx: PlanContext, run: StageRun, layout: str) -> Calibration:
     """The train stage's run vs the plan for its processes and layout (module docstring)."""
+    ta, data = ctx.ta, ctx.data
     gpus = run.engines_or_world * (2 if layout == "split" else 1)
-    split = run.engines_or_world if layout == "split" else None
-    args = (target, drafter, hw, ta, plan.weight_dtype, gpus, data, split, layout if gpus > 1 else "single")
-    model = training_estimate(*args).headline.total_hours * 3600
-    with_pilot = training_estimate(*args, pilot) if pilot is not None else None
+
+    def estimate(pilot: TrainPilot | None) -> TrainingEstimate:
+        return training_estimate(
+            ctx.target,
+            ctx.drafter,
+            ctx.hw,
+            ta=ta,
+            weight_dtype=ctx.weight_dtype,
+            num_gpus=gpus,
+            data=data,
+            split_target_gpus=run.engines_or_world if layout == "split" else None,
+            layout=layout if gpus > 1 else "single",
+            pilot=pilot,
+        )
+
+    model = estimate(None).headline.total_hours * 3600
+    with_pilot = estimate(ctx.pilot) if ctx.pilot is not None else None
     pilot_s = with_pilot.headline.total_hours * 3600 if with_pilot and with_pilot.source == "pilot" else None
     planned_s = pilot_s if pilot_s is not None else model
     tokens = data.train_samples * min(data.seq_tokens, ta.max_length) * ta.epochs
@@ -105,7 +120,7 @@ def train_calibration(plan, target, drafter, hw, ta, data, run: StageRun, pilot,
     )
 
 
-def calibration_summary(rows: list[Calibration]) -> dict:
+def calibration_summary(rows: list[Calibration]) -> dict[str, dict[str, float]]:
     """The plan.json part: per stage the planned and measured seconds and the error."""
     out = {}
     for c in rows:

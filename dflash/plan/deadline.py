@@ -1,8 +1,8 @@
 """Deadline sizing: the smallest cluster of the planned GPU profile that finishes generation + training in
 `plan.deadline_hours` (0 = off).
 
-Inputs: the plan's target, drafter, GPU profile, training knobs and dataset (dflash/plan/estimate.py builds
-them as a `PlanContext`), `plan.gpus_per_node`, `plan.internode_gbps`, `plan.allreduce_overlap`. Output: a
+Inputs: the plan's target, drafter, GPU profile, training knobs and dataset (its `PlanContext`,
+dflash/plan/context.py), `plan.gpus_per_node`, `plan.internode_gbps`, `plan.allreduce_overlap`. Output: a
 `Deadline`, under "deadline" in plan_details.json, its `summary()` in plan.json. With a training pilot measured on
 the planned hardware its step times replace the FLOPs model's at every size (dflash/plan/training.py).
 
@@ -26,15 +26,10 @@ import math
 from dataclasses import dataclass
 
 from dflash.core.errors import UserError
-from dflash.core.hardware import GpuProfile
-from dflash.core.params import PlanParams
-from dflash.core.target_config import TargetArch
-from dflash.drafter.geometry import DrafterConfig
-from dflash.plan.generation import generation_estimate
-from dflash.plan.inputs import Dataset
-from dflash.plan.measured import TrainPilot
-from dflash.plan.settings import GenerationSettings, TrainSettings
-from dflash.plan.training import Layout, TrainingEstimate, training_at
+from dflash.drafter.geometry import parameter_counts
+from dflash.plan.context import PlanContext
+from dflash.plan.settings import TrainSettings
+from dflash.plan.training import Layout, TrainingEstimate
 
 GB = 1e9
 GRAD_BYTES_PER_PARAM = 4  # fp32 gradients of the fp32 master weights (dflash/train/loop.py)
@@ -53,24 +48,6 @@ def cluster_sizes(gpus_per_node: int, max_gpus: int = MAX_GPUS) -> list[int]:
     """Candidate GPU counts, smallest first: every count inside one node, then whole nodes."""
     inside = list(range(1, min(gpus_per_node, max_gpus) + 1))
     return inside + [k * gpus_per_node for k in range(2, max_gpus // gpus_per_node + 1)]
-
-
-@dataclass(frozen=True)
-class PlanContext:
-    """Everything the deadline search prices a cluster size with."""
-
-    plan: PlanParams
-    target: TargetArch
-    drafter: DrafterConfig
-    hw: GpuProfile
-    gs: GenerationSettings
-    ta: TrainSettings
-    data: Dataset
-    train_gpus: int  # the planned training GPU count (the split's share of target GPUs scales from it)
-    gpus_per_node: int
-    grad_bytes: float  # gradient bytes all-reduced per optimizer step
-    pilot: TrainPilot | None = None  # measured on the planned hardware: its step times stand in for the model's
-    backend: str = "engines"
 
 
 @dataclass
@@ -104,8 +81,20 @@ def data_parallel_ranks(name: str, lay: Layout) -> int:
     return lay.gpus
 
 
+def grad_bytes(ctx: PlanContext) -> float:
+    """Gradient bytes all-reduced per optimizer step (module docstring)."""
+    return parameter_counts(ctx.drafter)["total"] * GRAD_BYTES_PER_PARAM
+
+
 def train_with_allreduce(
-    est: TrainingEstimate, name: str, ta: TrainSettings, grad_bytes: float, link_gbps: float, overlap: float, gpus: int
+    est: TrainingEstimate,
+    name: str,
+    ta: TrainSettings,
+    *,
+    grad_bytes: float,
+    link_gbps: float,
+    overlap: float,
+    gpus: int,
 ) -> SizeRow:
     """One layout of a training estimate with the exposed gradient all-reduce added to each step."""
     lay = est.layouts[name]
@@ -143,18 +132,17 @@ def train_with_allreduce(
 
 def size_row(ctx: PlanContext, gpus: int) -> SizeRow:
     """Generation + training hours of one cluster size (None hours where the model does not fit)."""
-    p, g = ctx.plan, ctx.gpus_per_node
-    nodes = math.ceil(gpus / g)
-    gen = None
-    if gpus >= ctx.gs.tensor_parallel_size:
-        gen = generation_estimate(ctx.target, ctx.hw, ctx.gs, p.weight_dtype, gpus, ctx.data, 0.0, ctx.backend)
-        gen = gen.wall_hours.mid
-    est = training_at(
-        ctx.target, ctx.drafter, ctx.hw, ctx.ta, p.weight_dtype, gpus, ctx.data, ctx.train_gpus, ctx.pilot
-    )
-    link = ctx.hw.interconnect_gbps if nodes == 1 else min(ctx.hw.interconnect_gbps, p.internode_gbps)
+    per_node = ctx.plan.gpus_per_node
+    nodes = math.ceil(gpus / per_node)
+    gen = ctx.generation_on(gpus).wall_hours.mid if gpus >= ctx.gs.tensor_parallel_size else None
+    est = ctx.training_on(gpus)
+    link = ctx.hw.interconnect_gbps if nodes == 1 else min(ctx.hw.interconnect_gbps, ctx.plan.internode_gbps)
+    nbytes = grad_bytes(ctx)
     options = {
-        n: train_with_allreduce(est, n, ctx.ta, ctx.grad_bytes, link, p.allreduce_overlap, gpus) for n in est.layouts
+        n: train_with_allreduce(
+            est, n, ctx.ta, grad_bytes=nbytes, link_gbps=link, overlap=ctx.plan.allreduce_overlap, gpus=gpus
+        )
+        for n in est.layouts
     }
     if ctx.ta.layout == "auto" or gpus == 1:  # auto: the fastest fitting layout, communication included
         fitting = [o for o in options.values() if o.fits]
@@ -232,14 +220,14 @@ class Deadline:
 def deadline_plan(ctx: PlanContext) -> Deadline:
     """The smallest size meeting plan.deadline_hours, or the fastest size with met = False."""
     p, hours = ctx.plan, ctx.plan.deadline_hours
-    g, tp = ctx.gpus_per_node, ctx.gs.tensor_parallel_size
-    if tp > g:
+    per_node, tp = p.gpus_per_node, ctx.gs.tensor_parallel_size
+    if tp > per_node:
         raise UserError(
-            f"plan.gpus_per_node: {g} GPUs cannot hold one engine of generate.tensor_parallel_size={tp} "
+            f"plan.gpus_per_node: {per_node} GPUs cannot hold one engine of generate.tensor_parallel_size={tp} "
             "(the deadline plan keeps each engine inside a node): raise plan.gpus_per_node or lower the TP size"
         )
     linked = ctx.hw.interconnect_gbps > 0  # without a link figure only one device can be priced (no all-reduce)
-    rows = [size_row(ctx, n) for n in (cluster_sizes(g) if linked else [1])]
+    rows = [size_row(ctx, n) for n in (cluster_sizes(per_node) if linked else [1])]
     feasible = [r for r in rows if r.total_hours is not None]
     if not linked and not any(r.total_hours <= hours for r in feasible):
         raise UserError(
@@ -255,14 +243,14 @@ def deadline_plan(ctx: PlanContext) -> Deadline:
     met = [r for r in feasible if r.total_hours <= hours]
     chosen = met[0] if met else min(feasible, key=lambda r: r.total_hours)
     i = rows.index(chosen)
-    shown = {r.gpus for r in rows if r.gpus in (1, g) or (r.gpus % g == 0 and _pow2(r.gpus // g))}
+    shown = {r.gpus for r in rows if r.gpus in (1, per_node) or (r.gpus % per_node == 0 and _pow2(r.gpus // per_node))}
     shown |= {chosen.gpus} | ({rows[i - 1].gpus} if i else set())
     return Deadline(
         hours=hours,
         met=bool(met),
         gpus=chosen.gpus,
         nodes=chosen.nodes,
-        gpus_per_node=g,
+        gpus_per_node=per_node,
         layout=chosen.layout,
         train_hours=chosen.train_hours,
         generation_hours=chosen.generation_hours,
@@ -270,7 +258,7 @@ def deadline_plan(ctx: PlanContext) -> Deadline:
         best_hours=min(r.total_hours for r in feasible),
         chosen=chosen,
         previous=rows[i - 1] if i else None,
-        grad_gb_per_step=ctx.grad_bytes / GB,
+        grad_gb_per_step=grad_bytes(ctx) / GB,
         internode_gbps=p.internode_gbps,
         intranode_gbps=ctx.hw.interconnect_gbps,
         allreduce_overlap=p.allreduce_overlap,

@@ -7,27 +7,27 @@ long sequences stay resident longer, so the mean resident length is prompt + mea
 (cv: coefficient of variation of output lengths). A pilot's measured rate, when there is one, replaces the
 model's and the model stays beside it for comparison.
 
-Which measured rate: the pilot run's own when it ran at the concurrency and on the backend generate will use, else
-the sweep's level at that concurrency (one engine, steady state), else the pilot run's own. A pilot run's rate
-includes its drain: once its queue empties, the last sequences finish at a shrinking batch for about as many steps
-as the longest outputs (p99) have tokens. A small pilot spends a large share of its time there, a full run almost
-none, so its steady rate is rate x (full-batch steps + drain steps) / full-batch steps, and the full run's time is
-its full-batch steps plus one drain (`steady_rate`, `drained_seconds`). Without the pilot's p99 and concurrency no
-drain is modelled. A drain step costs a full-batch one where decode is bandwidth-bound (a GPU); where the step time
-grows with the batch (a CPU host: 24 ms at 4 sequences, 95 ms at 64 in the demo's sweep) it costs less, and the
-drain is counted in full-batch steps at the mean cost the sweep's measured step times give (`drain_step_cost`).
+Which measured rate, and the drain a pilot run includes: dflash/plan/generation_pilot.py.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dflash.core import target_counts
 from dflash.core.errors import UserError
 from dflash.core.hardware import GpuProfile
 from dflash.core.target_config import TargetArch
 from dflash.plan import sizing
+from dflash.plan.generation_pilot import (
+    PilotRate,
+    SweepPoint,
+    drain_step_cost,
+    drained_seconds,
+    steady_rate,
+    sweep_level,
+)
 from dflash.plan.inputs import Dataset, GeneratePilot
 from dflash.plan.settings import GenerationSettings
 
@@ -48,46 +48,11 @@ def wall_seconds(tokens: float, tokens_per_s: float) -> float:
     return tokens / tokens_per_s if tokens_per_s > 0 else math.inf
 
 
-def headroom_bytes(memory_bytes: float, weight_bytes: float, utilization: float = 1.0, reserve_bytes: float = 0.0):
+def headroom_bytes(
+    memory_bytes: float, weight_bytes: float, *, utilization: float = 1.0, reserve_bytes: float = 0.0
+) -> float:
     """Memory left for the KV cache / GDN state once the weights (and a reserve) are in."""
     return memory_bytes * utilization - weight_bytes - reserve_bytes
-
-
-def steady_rate(rate: float, prompts: float, mean_output: float, concurrency: int, tail_tokens: float) -> float:
-    """A pilot engine's rate with a full batch: its measured `rate` spread its wall over the full-batch steps and a
-    drain of `tail_tokens` steps (module docstring)."""
-    full_steps = prompts * mean_output / concurrency
-    return rate * (full_steps + tail_tokens) / full_steps
-
-
-def drained_seconds(tokens: float, engines: int, concurrency: int, rate: float, tail_tokens: float) -> float:
-    """A run of `tokens` over `engines` engines at a steady `rate` each: its full-batch time and one drain."""
-    return tokens / (rate * engines) + tail_tokens * concurrency / rate
-
-
-def drain_step_cost(sweep: list[dict], concurrency: int) -> float:
-    """A drain step's mean cost as a share of a full-batch step, from the sweep's measured step times (module
-    docstring). A step at batch b takes b / (output tok/s at b); between levels the step time is interpolated, below
-    the smallest level it is that level's. The batch shrinks from `concurrency` to 1 over the drain, evenly. 1.0 (a
-    drain step costs a full one, as in bandwidth-bound decode) without two levels spanning `concurrency`."""
-    levels = sorted(
-        (int(r["max_num_seqs"]), r["max_num_seqs"] / r["output_tokens_per_s"])
-        for r in sweep
-        if r.get("max_num_seqs") and r.get("output_tokens_per_s")
-    )
-    if len(levels) < 2 or not levels[0][0] <= concurrency <= levels[-1][0]:
-        return 1.0
-
-    def step(b: float) -> float:
-        if b <= levels[0][0]:
-            return levels[0][1]
-        for (b0, s0), (b1, s1) in zip(levels, levels[1:], strict=False):
-            if b <= b1:
-                return s0 + (s1 - s0) * (b - b0) / (b1 - b0)
-        return levels[-1][1]
-
-    full = step(concurrency)
-    return min(1.0, sum(step(b) for b in range(1, concurrency + 1)) / concurrency / full) if full > 0 else 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,34 +98,6 @@ class WallHours:
     high: float | None
 
 
-@dataclass(frozen=True)
-class SweepPoint:
-    max_num_seqs: int
-    measured: float
-    model: float | None
-
-
-@dataclass(frozen=True)
-class PilotRate:
-    """The generate pilot beside the model: which rate replaced the model's and how the two compare."""
-
-    measured_tokens_per_s: float
-    pilot_engines: float
-    measured_per_engine: float  # the per-engine rate the plan uses (steady when drain-corrected)
-    model_per_engine: float
-    measured_over_model: float | None
-    mean_output_tokens: float
-    p10_output_tokens: float | None
-    p90_output_tokens: float | None
-    pilot_estimated_total_hours: float | None
-    calibrated_wall_hours: float
-    rate_source: str
-    drain_tokens: float | None  # the drain modelled, in full-batch steps: p99 output x drain_step_cost (None: none)
-    sweep_at_concurrency: float | None  # the sweep's one-engine rate at the planned concurrency, beside the rate used
-    chosen_max_num_seqs: int | None
-    sweep_vs_model: list[SweepPoint] = field(default_factory=list)
-
-
 @dataclass
 class GenerationEstimate:
     engines: int
@@ -186,7 +123,15 @@ class GenerationEstimate:
 
 
 def decode_step(
-    t, hw: GpuProfile, gp: GenerationSettings, weight_read_bytes, batch, context, tp, tokens_per_seq: int = 1
+    t: TargetArch,
+    hw: GpuProfile,
+    gp: GenerationSettings,
+    *,
+    weight_read_bytes: float,
+    batch: int,
+    context: float,
+    tp: int,
+    tokens_per_seq: int = 1,
 ) -> DecodeStep:
     """One decode step of one engine at `batch` sequences of `context` cached tokens each, each sequence feeding
     `tokens_per_seq` tokens (1: plain decoding; 1 + drafted tokens: a speculative verification step)."""
@@ -213,7 +158,9 @@ def roofline_step(batch: int, memory_s: float, compute_s: float) -> DecodeStep:
     )
 
 
-def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype: str, context) -> CacheCapacity:
+def generation_capacity(
+    t: TargetArch, hw: GpuProfile, gp: GenerationSettings, *, weight_dtype: str, context: float
+) -> CacheCapacity:
     """Per-engine memory budget: weights, reserve, cache headroom and the sequences that fit."""
     tp = gp.tensor_parallel_size
     w = sizing.target_weight_bytes(t, weight_dtype)
@@ -221,7 +168,10 @@ def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype:
         free = gp.kv_cache_memory_gb * GB
     else:
         free = headroom_bytes(
-            hw.memory_gb * GB, w["loaded"] / tp, gp.gpu_memory_utilization, gp.activation_reserve_gb * GB
+            hw.memory_gb * GB,
+            w["loaded"] / tp,
+            utilization=gp.gpu_memory_utilization,
+            reserve_bytes=gp.activation_reserve_gb * GB,
         )
     state = sizing.linear_state_bytes(t, gp.ssm_state_dtype)
     per_seq = sizing.kv_bytes_per_token(t, gp.kv_cache_dtype, context) * context + state
@@ -244,27 +194,41 @@ def generation_capacity(t, hw: GpuProfile, gp: GenerationSettings, weight_dtype:
     )
 
 
-def generation_rate(t, hw, gp: GenerationSettings, weight_dtype, num_gpus, prompt_tokens, output_tokens):
-    """Aggregate decode tokens/s over all engines at a given mean output length: (capacity, step, rate)."""
+@dataclass(frozen=True)
+class Rate:
+    """Aggregate decode over all engines at one mean output length."""
+
+    capacity: CacheCapacity
+    step: DecodeStep | None  # None: the model does not fit (no step, no rate)
+    tokens_per_s: float
+
+
+def generation_rate(
+    t: TargetArch,
+    hw: GpuProfile,
+    gp: GenerationSettings,
+    *,
+    weight_dtype: str,
+    num_gpus: int,
+    prompt_tokens: float,
+    output_tokens: float,
+) -> Rate:
+    """Aggregate decode tokens/s over all engines at a given mean output length."""
     context = prompt_tokens + output_tokens * (1 + gp.output_length_cv**2) / 2
-    cap = generation_capacity(t, hw, gp, weight_dtype, context)
+    cap = generation_capacity(t, hw, gp, weight_dtype=weight_dtype, context=context)
     engines = num_gpus // gp.tensor_parallel_size
     if not cap.fits or cap.batch < 1 or engines < 1:
-        return cap, None, 0.0
+        return Rate(capacity=cap, step=None, tokens_per_s=0.0)
     read = sizing.target_weight_bytes(t, weight_dtype)["read_per_step"]
-    step = decode_step(t, hw, gp, read, cap.batch, context, gp.tensor_parallel_size)
-    return cap, step, engines * step.tokens_per_s
-
-
-def sweep_level(pilot: GeneratePilot, max_num_seqs: int) -> dict | None:
-    """The pilot sweep's measurement at `max_num_seqs` in flight (None when the sweep did not measure it)."""
-    return next((row for row in pilot.sweep if row.get("max_num_seqs") == max_num_seqs), None)
+    step = decode_step(t, hw, gp, weight_read_bytes=read, batch=cap.batch, context=context, tp=gp.tensor_parallel_size)
+    return Rate(capacity=cap, step=step, tokens_per_s=engines * step.tokens_per_s)
 
 
 def pilot_rate(
     t: TargetArch,
-    hw,
+    hw: GpuProfile,
     gp: GenerationSettings,
+    *,
     pilot: GeneratePilot,
     backend: str,
     est: GenerationEstimate,
@@ -285,7 +249,11 @@ def pilot_rate(
         cost = drain_step_cost(pilot.sweep, pilot.max_num_seqs)
         drain = pilot.p99_output_tokens * cost  # in full-batch steps
         per_engine = steady_rate(
-            per_engine, pilot.prompts / pilot_engines, pilot.mean_output_tokens, pilot.max_num_seqs, drain
+            per_engine,
+            pilot.prompts / pilot_engines,
+            pilot.mean_output_tokens,
+            concurrency=pilot.max_num_seqs,
+            tail_tokens=drain,
         )
         source = (
             f"the pilot run's own rate at max_num_seqs {pilot.max_num_seqs} ({pilot.backend or backend}), steady once "
@@ -293,7 +261,7 @@ def pilot_rate(
             + (f", a drain step costing {cost:.2f} of a full-batch one (the sweep's step times)" if cost < 1 else "")
         )
     if drain is not None:
-        seconds = drained_seconds(est.output_tokens, engines, gp.max_num_seqs, per_engine, drain)
+        seconds = drained_seconds(est.output_tokens, engines, gp.max_num_seqs, rate=per_engine, tail_tokens=drain)
     else:
         seconds = est.output_tokens / (per_engine * engines)
     model_per_engine = est.model_tokens_per_s / engines if engines else 0.0
@@ -304,7 +272,16 @@ def pilot_rate(
         model = None
         if cap.fits and cap.max_seqs_in_cache >= 1:
             b = min(row["max_num_seqs"], cap.max_seqs_in_cache)
-            model = decode_step(t, hw, gp, read, b, cap.resident_context_tokens, gp.tensor_parallel_size).tokens_per_s
+            step = decode_step(
+                t,
+                hw,
+                gp,
+                weight_read_bytes=read,
+                batch=b,
+                context=cap.resident_context_tokens,
+                tp=gp.tensor_parallel_size,
+            )
+            model = step.tokens_per_s
         points.append(SweepPoint(max_num_seqs=row["max_num_seqs"], measured=row["output_tokens_per_s"], model=model))
     return PilotRate(
         measured_tokens_per_s=measured,
@@ -329,6 +306,7 @@ def generation_estimate(
     t: TargetArch,
     hw: GpuProfile,
     gp: GenerationSettings,
+    *,
     weight_dtype: str,
     num_gpus: int,
     data: Dataset,
@@ -341,22 +319,36 @@ def generation_estimate(
     if engines < 1:
         raise UserError(f"plan.num_gpus: {num_gpus} GPUs cannot hold one engine of generate.tensor_parallel_size={tp}")
     w = sizing.target_weight_bytes(t, weight_dtype)
-    cap, step, rate = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, mean_out)
+    at_mean = generation_rate(
+        t, hw, gp, weight_dtype=weight_dtype, num_gpus=num_gpus, prompt_tokens=prompt_tokens, output_tokens=mean_out
+    )
+    cap = at_mean.capacity
     peak = hw.matmul_tflops(gp.compute_dtype, "generate.dtype")
     prefill_per_prompt = (
         target_counts.prefill_flops(t, prompt_tokens, with_head=False) + 2 * t.vocab_size * t.hidden_size
     )
     prefill_s = prompts * prefill_per_prompt / (num_gpus * peak * 1e12 * gp.prefill_mfu)
 
-    def wall_h(out_tokens):  # None when the model does not fit (no rate): JSON has no infinity
-        _, _, r = generation_rate(t, hw, gp, weight_dtype, num_gpus, prompt_tokens, out_tokens)
+    def wall_h(out_tokens: float) -> float | None:  # None when the model does not fit (no rate): JSON has no infinity
+        r = generation_rate(
+            t,
+            hw,
+            gp,
+            weight_dtype=weight_dtype,
+            num_gpus=num_gpus,
+            prompt_tokens=prompt_tokens,
+            output_tokens=out_tokens,
+        ).tokens_per_s
         return (wall_seconds(prompts * out_tokens, r) + prefill_s) / 3600 if r > 0 else None
 
     curve = []
     if cap.fits:
         sizes = sorted({b for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(1, cap.max_seqs_in_cache)})
         for b in sorted(set(sizes) | ({cap.batch} if cap.batch else set())):
-            curve.append(decode_step(t, hw, gp, w["read_per_step"], b, cap.resident_context_tokens, tp))
+            read = w["read_per_step"]
+            curve.append(
+                decode_step(t, hw, gp, weight_read_bytes=read, batch=b, context=cap.resident_context_tokens, tp=tp)
+            )
     model_wall = WallHours(low=wall_h(data.low), mid=wall_h(mean_out), high=wall_h(data.high))
     est = GenerationEstimate(
         engines=engines,
@@ -366,8 +358,8 @@ def generation_estimate(
         batch1_bound_tokens_per_s=batch1_tokens_per_s(w["read_per_step"] / tp, hw.bandwidth_tbps * 1e12 * tp),
         memory=cap,
         decode_curve=curve,
-        step=step,
-        model_tokens_per_s=rate,
+        step=at_mean.step,
+        model_tokens_per_s=at_mean.tokens_per_s,
         output_tokens=prompts * mean_out,
         prompt_tokens=prompts * prompt_tokens,
         prefill_hours=prefill_s / 3600,
@@ -378,7 +370,7 @@ def generation_estimate(
         compute_tflops=peak,
     )
     if data.pilot:
-        pr = pilot_rate(t, hw, gp, data.pilot, backend, est, weight_dtype)
+        pr = pilot_rate(t, hw, gp, pilot=data.pilot, backend=backend, est=est, weight_dtype=weight_dtype)
         est.pilot = pr
         both = [h for h in (model_wall.mid, pr.calibrated_wall_hours) if h is not None]
         est.wall_hours = WallHours(low=min(both), mid=pr.calibrated_wall_hours, high=max(both))

@@ -18,10 +18,11 @@ from typing import Any
 
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.hardware import GpuProfile, load_hardware, select_gpu
+from dflash.core.params import BaseParams, PlanParams
 from dflash.core.target_config import TARGET_JSON, TargetArch, load_target_arch, read_config
 
 
-def planned_hardware(plan: Any) -> GpuProfile:
+def planned_hardware(plan: PlanParams) -> GpuProfile:
     """The profile `plan.hardware` names in `plan.hardware_file`."""
     return select_gpu(load_hardware(plan.hardware_file), plan.hardware, plan.hardware_file)
 
@@ -76,7 +77,8 @@ class PlanPaths:
         return self.pilot.with_name(self.pilot.stem + "_details.json")
 
 
-def resolve_paths(plan: Any, base: Any) -> PlanPaths:
+def resolve_paths(plan: PlanParams, base: BaseParams) -> PlanPaths:
+    """Every file the plan reads, resolved once (estimate.py passes them down)."""
     reports = Path(base.reports_dir)
     return PlanPaths(
         target_config=Path(plan.target_config or Path(base.target_dir) / "config.json"),
@@ -142,7 +144,7 @@ def load_tokenizer_facts(target_config: Path) -> TokenizerFacts | None:
     return TokenizerFacts(folder) if (folder / "tokenizer.json").exists() else None
 
 
-def same_target(data: dict | None, signature: str, path: Path, ignored: dict[str, str]) -> dict | None:
+def same_target(data: dict | None, signature: str, path: Path, *, ignored: dict[str, str]) -> dict | None:
     """Measurements taken on another target (e.g. the tiny demo's audit or pilot beside a 27B plan) are set aside."""
     if data is None or not signature or not data.get("target_signature") or data["target_signature"] == signature:
         return data
@@ -218,7 +220,7 @@ class Dataset:
         return {k: getattr(self, k) for k in (*keys, "seq_tokens", "loss_tokens")}
 
 
-def dataset_inputs(plan: Any, paths: PlanPaths, signature: str = "", measured: bool = True) -> Dataset:
+def dataset_inputs(plan: PlanParams, paths: PlanPaths, *, signature: str = "", measured: bool = True) -> Dataset:
     """Dataset size and lengths, each with the file or param it came from. `signature` names the planned
     target (TargetArch.signature); audit, pilot and tokenize metrics of another target are ignored, and said so.
     measured=False reads no file: the params alone (what a plan says before any measurement)."""
@@ -226,12 +228,12 @@ def dataset_inputs(plan: Any, paths: PlanPaths, signature: str = "", measured: b
     ignored: dict[str, str] = {}
 
     def read(path: Path) -> dict | None:
-        return same_target(_read_optional(path), signature, path, ignored) if measured else None
+        return same_target(_read_optional(path), signature, path, ignored=ignored) if measured else None
 
     audit, tok, raw_pilot = read(paths.audit), read(paths.tokenize), read(paths.pilot)
     pilot = None
     if raw_pilot is not None:
-        details = same_target(_read_optional(paths.pilot_details), signature, paths.pilot_details, {})
+        details = same_target(_read_optional(paths.pilot_details), signature, paths.pilot_details, ignored={})
         pilot = GeneratePilot.read(raw_pilot, details, paths.pilot)
     src: dict[str, str] = {}
     values: dict[str, float] = {}

@@ -54,7 +54,7 @@ class TrainPilot:
 
 
 def read_train_pilot(path: Path, signature: str, ignored: dict[str, str]) -> TrainPilot | None:
-    data = same_target(_read_optional(path), signature, path, ignored)
+    data = same_target(_read_optional(path), signature, path, ignored=ignored)
     if data is None:
         return None
     if data.get("verdict") != "ok":
@@ -106,7 +106,7 @@ class StageRun:
 
 
 def read_generate_run(path: Path, signature: str, ignored: dict[str, str]) -> StageRun | None:
-    data = same_target(_read_optional(path), signature, path, ignored)
+    data = same_target(_read_optional(path), signature, path, ignored=ignored)
     details = _read_optional(path.with_name(path.stem + "_details.json")) or {}
     if data is None or not number(data, ("output_tokens_per_s",)):
         return None
@@ -122,7 +122,7 @@ def read_generate_run(path: Path, signature: str, ignored: dict[str, str]) -> St
     )
 
 
-def read_train_run(path: Path, drafter_params: int, hw: GpuProfile, ignored: dict[str, str]) -> StageRun | None:
+def read_train_run(path: Path, drafter_params: int, hw: GpuProfile, *, ignored: dict[str, str]) -> StageRun | None:
     """train.json carries no target signature: it is this plan's run when it trained a drafter of the planned size
     on the planned kind of device (its details name the device)."""
     data = _read_optional(path)

@@ -34,8 +34,10 @@ from dflash.core.hardware import GpuProfile
 from dflash.core.target_config import TargetArch
 from dflash.drafter.geometry import SLIDING, DrafterConfig, kind_cost, parameter_counts
 from dflash.plan import sizing
+from dflash.plan.context import PlanContext
 from dflash.plan.generation import DecodeStep, decode_step, roofline_step
 from dflash.plan.settings import GenerationSettings
+from dflash.plan.training import TrainingEstimate, training_estimate
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,9 @@ def with_coverage(acceptance: list[float], coverage: float) -> list[float]:
     return [p * coverage ** (k + 1) for k, p in enumerate(acceptance)]
 
 
-def choose_acceptance(given: list[float], assumed_tau: float, measured: list[float] | None, positions: int):
+def choose_acceptance(
+    given: list[float], assumed_tau: float, measured: list[float] | None, *, positions: int
+) -> Acceptance | None:
     """The acceptance the estimate uses (module docstring: given, else assumed tau, else eval.json's)."""
     if given:
         return Acceptance(list(given[:positions]), "plan.serving.acceptance")
@@ -92,6 +96,7 @@ def draft_step(
     d: DrafterConfig,
     hw: GpuProfile,
     gp: GenerationSettings,
+    *,
     weight_dtype: str,
     batch: int,
     context: float,
@@ -163,10 +168,11 @@ class ServingEstimate:
 
 
 def serving_rows(
-    t: TargetArch,
     d: DrafterConfig,
     hw: GpuProfile,
     gp: GenerationSettings,
+    *,
+    t: TargetArch,
     weight_dtype: str,
     acceptance: list[float],
     vocab_rows: int,
@@ -179,10 +185,16 @@ def serving_rows(
     tp = gp.tensor_parallel_size
     rows = []
     for b in batches:
-        plain = decode_step(t, hw, gp, read, b, context, tp)
-        verify = decode_step(t, hw, gp, read, b, context, tp, tokens_per_seq=d.block_size)
-        draft = draft_step(d, hw, gp, weight_dtype, b, context, vocab_rows, tau)
-        headless = draft_step(d, hw, gp, weight_dtype, b, context, 0, tau)
+        plain = decode_step(t, hw, gp, weight_read_bytes=read, batch=b, context=context, tp=tp)
+        verify = decode_step(
+            t, hw, gp, weight_read_bytes=read, batch=b, context=context, tp=tp, tokens_per_seq=d.block_size
+        )
+        draft = draft_step(
+            d, hw, gp, weight_dtype=weight_dtype, batch=b, context=context, vocab_rows=vocab_rows, accepted=tau
+        )
+        headless = draft_step(
+            d, hw, gp, weight_dtype=weight_dtype, batch=b, context=context, vocab_rows=0, accepted=tau
+        )
         spec_s = (draft.step_ms + verify.step_ms) / 1e3
         rows.append(
             ServingRow(
@@ -204,10 +216,11 @@ def serving_rows(
 
 
 def serving_estimate(
-    t: TargetArch,
     d: DrafterConfig,
     hw: GpuProfile,
     gp: GenerationSettings,
+    *,
+    t: TargetArch,
     weight_dtype: str,
     acceptance: Acceptance,
     batches: list[int],
@@ -233,11 +246,25 @@ def serving_estimate(
         tau_pruned=None,
         context_tokens=context,
     )
-    est.rows = serving_rows(t, d, hw, gp, weight_dtype, acceptance.per_position, d.vocab_size, batches, context)
+
+    def rows(accepted: list[float], vocab_rows: int) -> list[ServingRow]:
+        return serving_rows(
+            d,
+            hw,
+            gp,
+            t=t,
+            weight_dtype=weight_dtype,
+            acceptance=accepted,
+            vocab_rows=vocab_rows,
+            batches=batches,
+            context=context,
+        )
+
+    est.rows = rows(acceptance.per_position, d.vocab_size)
     if draft_vocab_size:
         pruned = with_coverage(acceptance.per_position, coverage)
         est.tau_pruned = 1.0 + sum(pruned)
-        est.rows += serving_rows(t, d, hw, gp, weight_dtype, pruned, draft_vocab_size, batches, context)
+        est.rows += rows(pruned, draft_vocab_size)
     return est
 
 
@@ -264,17 +291,27 @@ def read_eval(path: Path) -> EvalFacts | None:
     return EvalFacts(acceptance=per_pos, speedup=report.get("speedup"), platform=platform or "")
 
 
-def plan_serving(params, t, d, hw, gs, ta, weight_dtype, data, context, pilot) -> ServingEstimate | None:
-    """The plan's serving section (None when no acceptance is given, assumed or measured)."""
-    from dflash.plan.training import training_estimate
-
+def plan_serving(ctx: PlanContext, context: float) -> ServingEstimate | None:
+    """The plan's serving section at sequences of `context` resident tokens (None when no acceptance is given,
+    assumed or measured)."""
+    params, d, hw = ctx.params, ctx.drafter, ctx.hw
     sp = params.plan.serving
     facts = read_eval(Path(params.base.reports_dir) / "eval.json")
-    acc = choose_acceptance(sp.acceptance, sp.assumed_tau, facts.acceptance if facts else None, d.block_size - 1)
+    measured = facts.acceptance if facts else None
+    acc = choose_acceptance(sp.acceptance, sp.assumed_tau, measured, positions=d.block_size - 1)
     if acc is None:
         return None
     est = serving_estimate(
-        t, d, hw, gs, weight_dtype, acc, sp.batch_sizes, context, sp.draft_vocab_size, sp.draft_vocab_coverage
+        d,
+        hw,
+        ctx.gs,
+        t=ctx.target,
+        weight_dtype=ctx.weight_dtype,
+        acceptance=acc,
+        batches=sp.batch_sizes,
+        context=context,
+        draft_vocab_size=sp.draft_vocab_size,
+        coverage=sp.draft_vocab_coverage,
     )
     if facts is not None and facts.speedup is not None:
         est.measured_speedup = facts.speedup
@@ -283,17 +320,29 @@ def plan_serving(params, t, d, hw, gs, ta, weight_dtype, data, context, pilot) -
             f"eval measured {facts.speedup:g} on {facts.platform or 'an unnamed platform'} at eval.max_num_seqs "
             f"{params.eval.max_num_seqs}" + ("" if same else " (not this hardware: not comparable)")
         )
-    full = training_estimate(t, d, hw, ta, weight_dtype, ta.num_gpus, data, pilot=pilot)
-    est.train_hours = full.headline.total_hours
-    est.train_lm_head_tflops = full.flops_per_sequence["lm_head"] / 1e12
-    est.train_total_tflops = full.flops_per_sequence["total"] / 1e12
-    if sp.draft_vocab_size:
-        pruned = training_estimate(
-            t, d, hw, ta, weight_dtype, ta.num_gpus, data, pilot=pilot, draft_vocab_rows=sp.draft_vocab_size
+
+    def training(draft_vocab_rows: int | None) -> TrainingEstimate:
+        return training_estimate(
+            ctx.target,
+            d,
+            hw,
+            ta=ctx.ta,
+            weight_dtype=ctx.weight_dtype,
+            num_gpus=ctx.ta.num_gpus,
+            data=ctx.data,
+            pilot=ctx.pilot,
+            draft_vocab_rows=draft_vocab_rows,
         )
+
+    full = training(None)
+    est.train_hours = full.headline.total_hours
+    est.train_lm_head_tflops = full.flops_per_sequence.lm_head / 1e12
+    est.train_total_tflops = full.flops_per_sequence.total / 1e12
+    if sp.draft_vocab_size:
+        pruned = training(sp.draft_vocab_size)
         est.train_hours_pruned = pruned.headline.total_hours
-        est.train_lm_head_tflops_pruned = pruned.flops_per_sequence["lm_head"] / 1e12
-        est.train_total_tflops_pruned = pruned.flops_per_sequence["total"] / 1e12
+        est.train_lm_head_tflops_pruned = pruned.flops_per_sequence.lm_head / 1e12
+        est.train_total_tflops_pruned = pruned.flops_per_sequence.total / 1e12
         if pruned.source == "pilot":
             est.notes.append("training time from the training pilot: the pruned vocabulary's hours are the pilot's too")
     return est

@@ -1,7 +1,7 @@
 """The runs the plan prices, as typed settings: the generate stage's engines and the train stage's knobs (what will
 really run), each beside the plan's own efficiency assumptions (`plan.generation`, `plan.train_assumptions`).
 
-    generation_settings(params, t, hw)   engines: TP, memory share, concurrency (max_num_seqs: auto resolved as
+    generation_settings(params, paths)   engines: TP, memory share, concurrency (max_num_seqs: auto resolved as
                                          generate will resolve it), context limit; cache dtypes; efficiencies
     train_settings(params, hw)           train: lengths, anchors, epochs, batch, loss target, checkpointing;
                                          layout, MFU, optimizer bytes and sharding, reserves
@@ -18,6 +18,7 @@ from dflash.core.concurrency import chosen_from_pilot, resolve_max_num_seqs
 from dflash.core.hardware import GpuProfile
 from dflash.core.params import Params
 from dflash.core.target_config import read_config, target_signature
+from dflash.plan.inputs import PlanPaths
 
 _DTYPES = {"bfloat16": "bf16", "float16": "bf16", "float32": "fp32", "auto": ""}
 
@@ -65,15 +66,12 @@ class TrainSettings:
     activation_checkpointing: bool  # drafter layers recomputed in backward
 
 
-def planned_max_num_seqs(params: Params) -> tuple[int, str]:
+def planned_max_num_seqs(params: Params, paths: PlanPaths) -> tuple[int, str]:
     """The concurrency generate will run at, and where it came from: an integer param; auto -> the pilot
     sweep's chosen_max_num_seqs (dflash/core/concurrency.py); auto before any sweep -> its largest level."""
-    from dflash.plan.inputs import resolve_paths
-
     gen = params.generate
     if gen.max_num_seqs != "auto":
         return gen.max_num_seqs, "param generate.max_num_seqs"
-    paths = resolve_paths(params.plan, params.base)
     chosen = chosen_from_pilot(paths.pilot, target_signature(paths.target_config))
     if chosen is not None:
         return chosen, f"{paths.pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)"
@@ -96,14 +94,11 @@ def ssm_state_dtype(param: str, target_config: Path) -> tuple[str, str]:
     return "bf16", "the model dtype (auto; the config names no mamba_ssm_dtype)"
 
 
-def generation_settings(params: Params, target_config: Path | None = None) -> GenerationSettings:
+def generation_settings(params: Params, paths: PlanPaths) -> GenerationSettings:
     """The generate stage's engine as the plan models it (module docstring)."""
-    from dflash.plan.inputs import resolve_paths
-
     gen, eff = params.generate, params.plan.generation
-    seqs, seqs_source = planned_max_num_seqs(params)
-    config = target_config or resolve_paths(params.plan, params.base).target_config
-    ssm, ssm_source = ssm_state_dtype(eff.ssm_state_dtype, config)
+    seqs, seqs_source = planned_max_num_seqs(params, paths)
+    ssm, ssm_source = ssm_state_dtype(eff.ssm_state_dtype, paths.target_config)
     return GenerationSettings(
         tensor_parallel_size=gen.tensor_parallel_size,
         gpu_memory_utilization=gen.gpu_memory_utilization,

@@ -20,81 +20,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dflash.core import target_counts
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.hardware import GpuProfile
-from dflash.drafter.flops import DocumentWork, document_flops
-from dflash.drafter.geometry import DrafterConfig, kind_cost, parameter_counts
-from dflash.plan import sizing
+from dflash.core.target_config import TargetArch
+from dflash.drafter.geometry import DrafterConfig
 from dflash.plan.inputs import Dataset
 from dflash.plan.measured import TrainPilot
 from dflash.plan.settings import TrainSettings
+from dflash.plan.training_costs import TrainingFlops, TrainingMemory, training_flops_per_sequence, training_memory
 
 GB = 1e9
-# bytes per vocabulary entry of one logits chunk, by loss target (dflash/train/loss.py): tokens = bf16 logits +
-# fp32 log-softmax + fp32 gradient; target_argmax adds the target's fp32 logits; target_kl also its
-# log-probabilities, probabilities and the KL's product term.
-LOGITS_BYTES = {"tokens": 10, "target_argmax": 14, "target_kl": 22}
-
-
-def training_flops_per_sequence(
-    t, d: DrafterConfig, seq_tokens, loss_tokens, ta, vocab_rows=None, draft_vocab_rows=None
-) -> dict[str, float]:
-    """FLOPs to train on one mean sequence (dflash/drafter/flops.py counts them): target forward, drafter forward +
-    backward, frozen lm_head on drafted slots (`vocab_rows` of it: the rows the loss computes, all by default).
-    `draft_vocab_rows`: a pruned draft vocabulary; the drafter's lm_head term scales to its rows, the target's
-    lm_head stays whole (its argmax over the full vocabulary says whether a target token is inside)."""
-    s = min(seq_tokens, ta.max_length)
-    anchors = max(0.0, min(ta.num_anchors, loss_tokens - 1, s - 1))
-    # anchors sit in the response (the sequence's tail): mean visible context ~ everything before the response
-    # plus half of it; sliding layers see at most their window.
-    mean_ctx = max(1.0, s - min(loss_tokens, s) / 2)
-    loss_target = getattr(ta, "loss_target", "tokens")
-    work = DocumentWork(tokens=s, anchors=anchors, mean_context=mean_ctx, vocab_rows=vocab_rows)
-    parts = document_flops(t, d, work, loss_target)
-    if draft_vocab_rows:
-        parts["total"] -= parts["lm_head"]
-        parts["lm_head"] *= draft_vocab_rows / (vocab_rows if vocab_rows is not None else d.vocab_size)
-        parts["total"] += parts["lm_head"]
-    parts["seq_tokens"] = s
-    parts["anchors"] = anchors
-    parts["block_tokens"] = anchors * d.query_slots
-    parts["loss_target"] = loss_target
-    return parts
-
-
-def training_memory(t, d: DrafterConfig, ta: TrainSettings, weight_dtype, seq_tokens, anchors) -> dict[str, float]:
-    """Per-GPU memory parts (bytes) of online training; combined per layout by training_estimate."""
-    s = min(seq_tokens, ta.max_length)
-    nb = anchors * d.query_slots
-    b = ta.batch_size
-    e = 2 if ta.compute_dtype == "bf16" else 4  # bytes of an activation
-    h, f = d.hidden_size, d.intermediate_size
-    q, kv = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
-    p = parameter_counts(d)["total"]
-    w = sizing.target_weight_bytes(t, weight_dtype)
-    tp = target_counts.target_params(t)
-    # Saved per block token per drafter layer: input, norm, q, k, v, attention out, o_proj out, post-norm,
-    # gate, up, activation. Context K/V per layer (pre- and post-norm/RoPE; computed outside the layer, so kept
-    # under activation checkpointing too). Logits of one chunk: LOGITS_BYTES per vocab entry.
-    per_token_layer = e * (4 * h + 2 * q + 2 * kv + 3 * f)
-    layers = d.num_hidden_layers
-    saved = layers * nb * e * h + nb * per_token_layer if ta.activation_checkpointing else layers * nb * per_token_layer
-    act = saved + layers * s * 2 * kv * 2 * e + s * h * 2 * e
-    # dspark / dflash2 hold the target's logits beside the drafter's, as the KL loss target does
-    loss_target = "target_kl" if kind_cost(d).target_logits else ta.loss_target
-    logits = min(anchors, ta.logits_chunk_blocks) * d.block_size * t.vocab_size * LOGITS_BYTES[loss_target]
-    final = b * s * t.hidden_size * e if loss_target != "tokens" else 0  # the target's final hidden states
-    return {
-        "target_weights": w["loaded"],
-        "target_activations": b * s * (4 * t.hidden_size + 3 * t.intermediate_size) * e,  # one layer's temporaries
-        "features": b * s * d.num_target_features * h * e + final,  # K concatenated hidden states
-        "embed_and_head": (tp["embed_tokens"] + (tp["lm_head"] or 0)) * 2,  # drafter-side copy in the split layout
-        "drafter_weights": p * 2,
-        "drafter_states": p * (ta.state_bytes_per_param - 2),  # grads + fp32 master + AdamW moments
-        "drafter_activations": b * act + logits,
-        "reserve": ta.runtime_reserve_gb * GB,
-    }
 
 
 @dataclass(frozen=True)
@@ -145,11 +80,11 @@ class PilotView:
 
 @dataclass
 class TrainingEstimate:
-    flops_per_sequence: dict[str, float]
+    flops_per_sequence: TrainingFlops
     seconds_per_sequence_one_gpu: float
     target_seconds_per_sequence: float
     drafter_seconds_per_sequence: float
-    memory_parts_gb: dict[str, float]
+    memory_parts_gb: TrainingMemory  # in GB
     layouts: dict[str, Layout]
     layout: str
     headline: Layout
@@ -163,16 +98,44 @@ class TrainingEstimate:
     notes: list[str] = field(default_factory=list)
 
 
-def training_at(t, d, hw, ta: TrainSettings, weight_dtype, num_gpus, data: Dataset, planned_gpus, pilot=None):
+def training_at(
+    t: TargetArch,
+    d: DrafterConfig,
+    hw: GpuProfile,
+    *,
+    ta: TrainSettings,
+    weight_dtype: str,
+    num_gpus: int,
+    data: Dataset,
+    planned_gpus: int,
+    pilot: TrainPilot | None = None,
+) -> TrainingEstimate:
     """training_estimate on `num_gpus` GPUs with the planned layout scaled to them: the split keeps the planned
     share of target GPUs (split_target_gpus of `planned_gpus`, at least one of each kind); one GPU is `single`."""
-    if num_gpus < 2:
-        return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, None, "auto", pilot)
-    n_t = min(num_gpus - 1, max(1, round(num_gpus * ta.split_target_gpus / planned_gpus)))
-    return training_estimate(t, d, hw, ta, weight_dtype, num_gpus, data, n_t, ta.layout, pilot)
+    n_t = None if num_gpus < 2 else min(num_gpus - 1, max(1, round(num_gpus * ta.split_target_gpus / planned_gpus)))
+    return training_estimate(
+        t,
+        d,
+        hw,
+        ta=ta,
+        weight_dtype=weight_dtype,
+        num_gpus=num_gpus,
+        data=data,
+        split_target_gpus=n_t,
+        layout="auto" if num_gpus < 2 else ta.layout,
+        pilot=pilot,
+    )
 
 
-def pilot_view(pilot: TrainPilot, flops_total: float, peak_tflops: float, ta: TrainSettings, model_s, per_sample):
+def pilot_view(
+    pilot: TrainPilot,
+    ta: TrainSettings,
+    *,
+    flops_total: float,
+    peak_tflops: float,
+    model_s: float,
+    per_sample: float,
+) -> PilotView:
     device_gb = pilot.device_memory_gb or 0.0
     return PilotView(
         path=pilot.path,
@@ -194,41 +157,19 @@ def pilot_view(pilot: TrainPilot, flops_total: float, peak_tflops: float, ta: Tr
     )
 
 
-def training_estimate(
-    t,
-    d: DrafterConfig,
+def device_layouts(
+    mem: TrainingMemory,
     hw: GpuProfile,
     ta: TrainSettings,
-    weight_dtype: str,
+    *,
     num_gpus: int,
-    data: Dataset,
-    split_target_gpus: int | None = None,
-    layout: str | None = None,
-    pilot: TrainPilot | None = None,
-    draft_vocab_rows: int | None = None,
-) -> TrainingEstimate:
-    """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
-    plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
-    replaces the model's seconds per sequence. `draft_vocab_rows`: price a pruned draft vocabulary
-    (training_flops_per_sequence)."""
-    # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
-    rows = pilot.lm_head_rows if pilot is not None else None
-    flops = training_flops_per_sequence(t, d, data.seq_tokens, data.loss_tokens, ta, rows, draft_vocab_rows)
-    mem = training_memory(t, d, ta, weight_dtype, data.seq_tokens, flops["anchors"])
-    peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
-    rate = peak * 1e12 * ta.mfu
-    recompute = (flops["drafter_q_o_mlp"] + flops["drafter_attention"]) / 3 if ta.activation_checkpointing else 0.0
-    target_s = flops["target_forward"] / rate
-    drafter_s = (flops["total"] - flops["target_forward"] + recompute) / rate
-    model_s = target_s + drafter_s
-    view, source = None, "model"
-    if pilot is not None and pilot.ran_on(hw):
-        # the pilot ran on the data the plan prices: its epoch of packed rows at its step time, per planned sample
-        per_sample = pilot.epoch_seconds_one_process() / data.train_samples
-        view = pilot_view(pilot, flops["total"], peak, ta, model_s, per_sample)
-        target_s, drafter_s = per_sample * pilot.target_share, per_sample * (1 - pilot.target_share)
-        source = "pilot"
-    samples = data.train_samples
+    split_target_gpus: int | None,
+    target_s: float,
+    drafter_s: float,
+    samples: float,
+) -> dict[str, Layout]:
+    """Each device layout on `num_gpus` GPUs (module docstring): its memory per GPU role with the verdict, and its
+    hours for `samples` sequences an epoch at `target_s` + `drafter_s` seconds per sequence on one GPU."""
     seqs_per_gpu_step = ta.batch_size * ta.grad_accum_steps
     layouts: dict[str, Layout] = {}
 
@@ -236,7 +177,7 @@ def training_estimate(
         need = sum(parts.values()) / GB
         return MemoryVerdict({k: v / GB for k, v in parts.items()}, need, hw.memory_gb - need)
 
-    def add(name, gpus, per_gpu: dict[str, dict], seq_per_s, ranks) -> Layout:
+    def add(name: str, gpus: int, per_gpu: dict[str, dict[str, float]], *, seq_per_s: float, ranks: int) -> Layout:
         checks = {role: verdict(parts) for role, parts in per_gpu.items()}
         epoch_s = samples / seq_per_s
         steps = math.ceil(samples / (seqs_per_gpu_step * ranks))
@@ -253,24 +194,35 @@ def training_estimate(
         )
         return layouts[name]
 
-    both = {k: mem[k] for k in ("target_weights", "target_activations", "features", "drafter_weights")}
-    tail = {"drafter_activations": mem["drafter_activations"], "reserve": mem["reserve"]}
-    add("single", 1, {"gpu": {**both, "drafter_states": mem["drafter_states"], **tail}}, 1 / (target_s + drafter_s), 1)
+    both = {
+        "target_weights": mem.target_weights,
+        "target_activations": mem.target_activations,
+        "features": mem.features,
+        "drafter_weights": mem.drafter_weights,
+    }
+    tail = {"drafter_activations": mem.drafter_activations, "reserve": mem.reserve}
+    single = {"gpu": {**both, "drafter_states": mem.drafter_states, **tail}}
+    add("single", 1, single, seq_per_s=1 / (target_s + drafter_s), ranks=1)
     if num_gpus >= 2:
         shard = num_gpus if ta.shard_optimizer else 1
-        dp = {**both, "drafter_states": mem["drafter_states"] / shard, **tail}
-        add("data_parallel", num_gpus, {"gpu": dp}, num_gpus / (target_s + drafter_s), num_gpus)
+        dp = {**both, "drafter_states": mem.drafter_states / shard, **tail}
+        add("data_parallel", num_gpus, {"gpu": dp}, seq_per_s=num_gpus / (target_s + drafter_s), ranks=num_gpus)
         n_t = split_target_gpus or ta.split_target_gpus
         if not 1 <= n_t < num_gpus:
             raise ParamsError(f"plan.train_assumptions.split_target_gpus: need 1 <= {n_t} < {num_gpus} GPUs")
         n_d = num_gpus - n_t
         shard_d = n_d if ta.shard_optimizer else 1
-        target_gpu = {k: mem[k] for k in ("target_weights", "target_activations", "features", "reserve")}
+        target_gpu = {
+            "target_weights": mem.target_weights,
+            "target_activations": mem.target_activations,
+            "features": mem.features,
+            "reserve": mem.reserve,
+        }
         drafter_gpu = {
-            "embed_and_head": mem["embed_and_head"],
-            "features": mem["features"],
-            "drafter_weights": mem["drafter_weights"],
-            "drafter_states": mem["drafter_states"] / shard_d,
+            "embed_and_head": mem.embed_and_head,
+            "features": mem.features,
+            "drafter_weights": mem.drafter_weights,
+            "drafter_states": mem.drafter_states / shard_d,
             **tail,
         }
         # target and drafter GPUs work as a pipeline: the slower side sets the rate
@@ -278,13 +230,69 @@ def training_estimate(
             "split",
             num_gpus,
             {"target_gpu": target_gpu, "drafter_gpu": drafter_gpu},
-            min(n_t / target_s, n_d / drafter_s),
-            n_d,
+            seq_per_s=min(n_t / target_s, n_d / drafter_s),
+            ranks=n_d,
         )
         split.target_gpus = n_t
         split.feature_transfer_ms_per_seq = (
-            mem["features"] / ta.batch_size / (hw.interconnect_gbps * GB) * 1e3 if hw.interconnect_gbps > 0 else None
+            mem.features / ta.batch_size / (hw.interconnect_gbps * GB) * 1e3 if hw.interconnect_gbps > 0 else None
         )
+    return layouts
+
+
+def training_estimate(
+    t: TargetArch,
+    d: DrafterConfig,
+    hw: GpuProfile,
+    *,
+    ta: TrainSettings,
+    weight_dtype: str,
+    num_gpus: int,
+    data: Dataset,
+    split_target_gpus: int | None = None,
+    layout: str | None = None,
+    pilot: TrainPilot | None = None,
+    draft_vocab_rows: int | None = None,
+) -> TrainingEstimate:
+    """Time and per-GPU memory of each device layout on `num_gpus` GPUs; the headline is `layout` (default
+    plan.train_assumptions.layout; "auto" = the fastest layout that fits). A pilot measured on this hardware
+    replaces the model's seconds per sequence. `draft_vocab_rows`: price a pruned draft vocabulary
+    (training_flops_per_sequence)."""
+    # a pilot of this target knows the lm_head rows the loss computes (the tiny demo target's zero rows fold away)
+    rows = pilot.lm_head_rows if pilot is not None else None
+    flops = training_flops_per_sequence(
+        t,
+        d,
+        ta,
+        seq_tokens=data.seq_tokens,
+        loss_tokens=data.loss_tokens,
+        vocab_rows=rows,
+        draft_vocab_rows=draft_vocab_rows,
+    )
+    mem = training_memory(t, d, ta, weight_dtype=weight_dtype, seq_tokens=data.seq_tokens, anchors=flops.anchors)
+    peak = hw.matmul_tflops(ta.compute_dtype, "train.dtype")
+    rate = peak * 1e12 * ta.mfu
+    recompute = (flops.drafter_q_o_mlp + flops.drafter_attention) / 3 if ta.activation_checkpointing else 0.0
+    target_s = flops.target_forward / rate
+    drafter_s = (flops.total - flops.target_forward + recompute) / rate
+    model_s = target_s + drafter_s
+    view, source = None, "model"
+    if pilot is not None and pilot.ran_on(hw):
+        # the pilot ran on the data the plan prices: its epoch of packed rows at its step time, per planned sample
+        per_sample = pilot.epoch_seconds_one_process() / data.train_samples
+        view = pilot_view(pilot, ta, flops_total=flops.total, peak_tflops=peak, model_s=model_s, per_sample=per_sample)
+        target_s, drafter_s = per_sample * pilot.target_share, per_sample * (1 - pilot.target_share)
+        source = "pilot"
+    layouts = device_layouts(
+        mem,
+        hw,
+        ta,
+        num_gpus=num_gpus,
+        split_target_gpus=split_target_gpus,
+        target_s=target_s,
+        drafter_s=drafter_s,
+        samples=data.train_samples,
+    )
     choice = layout or ta.layout
     if choice == "auto":
         fitting = [k for k, v in layouts.items() if v.fits]
@@ -296,7 +304,7 @@ def training_estimate(
         seconds_per_sequence_one_gpu=target_s + drafter_s,
         target_seconds_per_sequence=target_s,
         drafter_seconds_per_sequence=drafter_s,
-        memory_parts_gb={k: v / GB for k, v in mem.items()},
+        memory_parts_gb=mem.in_gb(),
         layouts=layouts,
         layout=choice,
         headline=layouts[choice],

@@ -5,5 +5,5 @@
   margins.py     how decided the tiny target's greedy choices are (the stage's margin report and gate)
   synthetic.py   synthetic conversations: the tiny target's corpus and the bundled sample data
 
-May import: dflash.core, dflash.drafter.
+May import: dflash.core.
 """

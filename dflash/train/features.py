@@ -25,6 +25,7 @@ Legend: S tokens of a micro-step (concatenated documents), K features, H hidden 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,8 @@ class TargetFeatures:
         for i in self.layer_ids:
             layers[i].register_forward_hook(self._hook(i, stop=i == deepest and not final))
 
-    def _hook(self, i: int, stop: bool):
-        def hook(_module, _args, output):
+    def _hook(self, i: int, stop: bool) -> Callable:
+        def hook(_module: torch.nn.Module, _args: tuple, output: Any) -> Any:
             if not self._active:
                 return
             self._out[i] = output[0] if isinstance(output, tuple) else output

@@ -6,16 +6,21 @@ them, moved to the drafter's device: tokens, documents, anchors, and the block l
 these labels, DSpark drafting position k from its query slot k - 1).
 micro_loss: the drafter.kind's loss of one micro-step: loss.py (dflash), loss_dspark.py, loss_dflash2.py,
 loss_lilicorr.py.
+feature_noise: train.feature_noise on a micro-step's target features, seeded by (seed, step, row of the step) so that
+it does not depend on how the step is split over processes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from dflash.core.params import TrainParams
+from dflash.drafter.geometry import DrafterConfig
 from dflash.drafter.kinds import resolve, spec_for
+from dflash.drafter.masks import build_masks
 from dflash.drafter.model import block_labels
 from dflash.train import loss_dflash2, loss_dspark, loss_lilicorr  # noqa: F401  (with loss.py: every KindSpec.loss, by name)
 from dflash.train.data import Batch
@@ -51,11 +56,46 @@ class MicroBatch:
         out = valid & ~inside[labels]
         return cls(slot, batch, ids, docs, anchors, labels, valid & ~out, int(out.sum()))
 
+    def masks(self, cfg: DrafterConfig, backend: str) -> Any:
+        """The drafter's attention masks for this micro-step (dflash/drafter/masks.py), built outside the (optionally
+        compiled) drafter: one compiled BlockMask builder."""
+        return build_masks(
+            cfg.layer_types,
+            self.anchors,
+            self.input_ids.numel(),
+            cfg.query_slots,
+            cfg.sliding_window,
+            self.doc_ids,
+            backend,
+        )
+
+
+def feature_noise(
+    feats: torch.Tensor, scale: float, *, seed: int, step: int, first_row: int, rows: list[int]
+) -> torch.Tensor:
+    """`feats` (S, K*H) of packed rows of `rows` tokens each, the first being row `first_row` of global step `step`,
+    plus uniform noise in [-scale, scale] (module docstring)."""
+    parts = []
+    for j, n in enumerate(rows):
+        rng = torch.Generator(feats.device).manual_seed(_mix(seed, step, first_row + j))
+        parts.append(torch.rand((n, feats.shape[1]), generator=rng, device=feats.device, dtype=torch.float32))
+    noise = torch.cat(parts)
+    return feats + ((noise * 2 - 1) * scale).to(feats.dtype)
+
+
+def _mix(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across runs and processes)."""
+    h = 0
+    for p in parts:
+        h = (h * 1_000_003 + int(p) + 1) % (1 << 63)
+    return h
+
 
 def micro_loss(
     drafter: torch.nn.Module,
     hidden: torch.Tensor,
     m: MicroBatch,
+    *,
     head: LMHead,
     slot_w: torch.Tensor,
     normaliser: float,
@@ -91,4 +131,4 @@ def micro_loss(
     return resolve(spec.loss)(hidden, m.labels, m.valid, head, **common, **extra)
 
 
-__all__ = ["MicroBatch", "micro_loss"]
+__all__ = ["MicroBatch", "feature_noise", "micro_loss"]

@@ -11,7 +11,8 @@ keeps: the trainer's config folder goes to `${train.out}/pilot/`, no checkpoint,
     torchrun --nproc_per_node 2 -m stages.train --overlay params/gpu-qwen3.6-27b.yaml --pilot   # the real layout
 
 The real trainer (dflash/train/loop.py `Trainer`: same devices, layout, dtype, attention path, compile, activation
-checkpointing, loss) runs three phases of W warm-up + M measured optimizer steps, each step a full global batch:
+checkpointing, loss), its data plan replaced by the pilot's (dflash/train/pilot_data.py `PilotData`), runs three
+phases of W warm-up + M measured optimizer steps, each step a full global batch:
   longest   the longest documents packed best-fit into rows of train.max_tokens_per_row (the first row holds the
             longest document): the target forward and the drafter's context at their largest;
   anchors   the documents with the most anchors per token packed the same way: the most blocks (drafter
@@ -40,6 +41,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +51,21 @@ from dflash.core.errors import UserError
 from dflash.core.hardware import load_hardware, profile_for_device
 from dflash.core.hf import target_config_dict
 from dflash.core.params import Params
-from dflash.core.target_config import as_target_arch, target_signature
+from dflash.core.target_config import TargetArch, as_target_arch, target_signature
 from dflash.drafter.flops import DocumentWork, document_flops
+from dflash.drafter.geometry import DrafterConfig
 from dflash.train import distributed as dist
-from dflash.train.data import Batch, DocIndex, pack_best_fit
+from dflash.train.data import Batch
 from dflash.train.loop import Trainer
+from dflash.train.pilot_data import (
+    PHASES,
+    AnchorMix,
+    PilotData,
+    anchor_mix,
+    epoch_step_seconds,
+    phase_steps,
+    row_anchors,
+)
 from dflash.train.probes import (
     FeatureProblem,
     PeakMemory,
@@ -69,8 +81,6 @@ from dflash.train.probes import (
 
 log = logging.getLogger(__name__)
 
-PHASES = ("longest", "anchors", "ordinary")
-_PILOT_STREAM = 3  # the ordinary sample's own seeded stream (data.py uses 1 and 2)
 FIRST_LOSS_TOLERANCE = 0.25  # |first loss - ln V| / ln V above this is reported as suspicious
 PILOT_HEADLINE = (  # reports/train_pilot.json, what the plan reads (everything: train_pilot_details.json)
     "verdict",
@@ -101,91 +111,11 @@ PILOT_HEADLINE = (  # reports/train_pilot.json, what the plan reads (everything:
 )
 
 
-# --------------------------------------------------------------------------------------------------- rows
-
-
-def _fill(order: np.ndarray, index: DocIndex, capacity: int, rows: int) -> list[np.ndarray]:
-    """Pack the documents of `order` (taken in that order until they fill `rows` rows) best-fit decreasing."""
-    lengths = index.length[order]
-    take = int(np.searchsorted(np.cumsum(lengths), rows * capacity) + 1)
-    chosen = order[:take]
-    return [chosen[r] for r in pack_best_fit(index.length[chosen], capacity)]
-
-
-def longest_rows(index: DocIndex, capacity: int, rows: int) -> list[np.ndarray]:
-    """`rows` rows built from the longest documents (packed best-fit decreasing), the longest document first."""
-    usable = index.usable
-    order = usable[np.argsort(-index.length[usable].astype(np.int64), kind="stable")]
-    packed = _fill(order, index, capacity, rows)
-    packed.sort(key=lambda r: (-int(index.length[r].max()), -int(index.length[r].sum())))
-    return packed[:rows]
-
-
-def row_anchors(index: DocIndex, row: np.ndarray, num_anchors: int) -> int:
-    """Blocks a packed row carries: each document draws min(num_anchors, its anchor candidates)."""
-    return int(np.minimum(index.candidates[row], num_anchors).sum())
-
-
-def most_anchor_rows(index: DocIndex, capacity: int, num_anchors: int, rows: int) -> list[np.ndarray]:
-    """`rows` rows built from the documents with the most anchors per token (ties: the most anchors), most first."""
-    usable = index.usable
-    anchors = np.minimum(index.candidates[usable], num_anchors).astype(np.float64)
-    order = usable[np.lexsort((-anchors, -anchors / index.length[usable]))]
-    packed = _fill(order, index, capacity, rows)
-    packed.sort(key=lambda r: -row_anchors(index, r, num_anchors))
-    return packed[:rows]
-
-
-def _cycle(rows: list[np.ndarray], n: int) -> list[np.ndarray]:
-    return [rows[i % len(rows)] for i in range(n)]
-
-
-def phase_steps(trainer: Trainer, steps: int) -> dict[str, list[list[np.ndarray]]]:
-    """Each phase's steps (module docstring), each step a global batch of rows."""
-    tp, k = trainer.tp, trainer.rows_per_step
-    index = trainer.index
-    worst_longest = longest_rows(index, tp.max_tokens_per_row, k)
-    worst_anchors = most_anchor_rows(index, tp.max_tokens_per_row, tp.num_anchors, k)
-    epoch = trainer.rows(0)
-    rng = np.random.default_rng([trainer.seed, _PILOT_STREAM])
-    picks = rng.choice(len(epoch), size=steps * k, replace=steps * k > len(epoch))
-    ordinary = [epoch[int(i)] for i in picks]
-    return {
-        "longest": [_cycle(worst_longest, k)] * steps,
-        "anchors": [_cycle(worst_anchors, k)] * steps,
-        "ordinary": [ordinary[s * k : (s + 1) * k] for s in range(steps)],
-    }
-
-
 # --------------------------------------------------------------------------------------------------- trainer
 
 
-class PilotTrainer(Trainer):
-    """The real trainer, fed the pilot's rows: step s of the pilot takes `pilot_rows[s]` (anchors drawn as in
-    epoch 0), and the data wait of each step is timed."""
-
-    def __init__(self, params: Params, data_dir: str | Path):
-        super().__init__(params, data_dir)
-        self.pilot_rows: list[list[np.ndarray]] = []
-        self.data_seconds = 0.0
-        self.last_batches: list[Batch] = []
-
-    def locate(self, step: int) -> tuple[int, int]:
-        return 0, step  # every pilot step draws epoch 0's anchors
-
-    def step_rows(self, step: int) -> list:
-        return self.pilot_rows[step]
-
-    def micro_batches(self, step: int) -> list:
-        t0 = time.perf_counter()
-        out = super().micro_batches(step)
-        self.data_seconds += time.perf_counter() - t0
-        self.last_batches = [b for _, b in out]
-        return out
-
-
 @contextlib.contextmanager
-def _plain_mean_loss(trainer: Trainer, active: bool):
+def _plain_mean_loss(trainer: Trainer, active: bool) -> Iterator[None]:
     """The very first step reports the plain mean loss over the valid slots (every drafted slot weighted 1, normalised
     by their count): a randomly initialised drafter then sits at about ln(vocab) whatever train.position_weighting
     the run uses (D-PACE normalises by the slot count with weights below 1, decay by the weight sum)."""
@@ -207,7 +137,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def batch_flops(target, cfg, batches: list[Batch], loss_target: str, vocab_rows: int | None = None) -> float:
+def batch_flops(
+    target: TargetArch, cfg: DrafterConfig, batches: list[Batch], *, loss_target: str, vocab_rows: int | None = None
+) -> float:
     """The planner's FLOPs (dflash/drafter/flops.py) of the documents and anchors these micro-batches fed, with the
     lm_head rows the loss really computes."""
     total = 0.0
@@ -248,8 +180,18 @@ class StepRecord:
     flops: float  # this process's FLOPs (planner's count)
 
 
-def _step(trainer: PilotTrainer, features: TimedFeatures, step: int, phase: str, warmup: bool, target) -> StepRecord:
-    trainer.data_seconds, features.seconds = 0.0, 0.0
+def _step(
+    trainer: Trainer,
+    data: PilotData,
+    features: TimedFeatures,
+    *,
+    step: int,
+    phase: str,
+    warmup: bool,
+    target: TargetArch,
+) -> StepRecord:
+    """One optimizer step of the pilot, timed: data wait, target forward, the rest of the gradients, optimizer."""
+    data.data_seconds, features.seconds = 0.0, 0.0
     t0 = time.perf_counter()
     metrics = trainer.compute_gradients(step)
     _sync(trainer.device)
@@ -257,14 +199,14 @@ def _step(trainer: PilotTrainer, features: TimedFeatures, step: int, phase: str,
     trainer.optimizer_step()
     _sync(trainer.device)
     t2 = time.perf_counter()
-    batches = trainer.last_batches
+    batches = data.last_batches
     return StepRecord(
         phase=phase,
         warmup=warmup,
         seconds=t2 - t0,
-        data_s=trainer.data_seconds,
+        data_s=data.data_seconds,
         target_s=features.seconds,
-        drafter_s=max(0.0, t1 - t0 - trainer.data_seconds - features.seconds),
+        drafter_s=max(0.0, t1 - t0 - data.data_seconds - features.seconds),
         optimizer_s=t2 - t1,
         tokens=metrics["tokens"],
         documents=sum(len(b.doc_lengths) for b in batches),
@@ -272,7 +214,9 @@ def _step(trainer: PilotTrainer, features: TimedFeatures, step: int, phase: str,
         longest_document=max(max(b.doc_lengths) for b in batches),
         anchors=sum(int(b.anchors.numel()) for b in batches),
         loss=metrics["loss"],
-        flops=batch_flops(target, trainer.cfg, batches, trainer.tp.loss_target, trainer.head.weight.shape[0]),
+        flops=batch_flops(
+            target, trainer.cfg, batches, loss_target=trainer.tp.loss_target, vocab_rows=trainer.head.weight.shape[0]
+        ),
     )
 
 
@@ -328,7 +272,7 @@ def _peak_for(params: Params, device: torch.device, dtype: torch.dtype) -> tuple
     return rate, f"{plan.hardware_file} profile {prof.key} ({str(dtype).removeprefix('torch.')})"
 
 
-def _oom_message(phase: str, steps: list[list[np.ndarray]], trainer: Trainer, where: str, exc: BaseException) -> str:
+def _oom_message(phase: str, steps: list[list[np.ndarray]], trainer: Trainer, *, where: str, exc: BaseException) -> str:
     index, tp = trainer.index, trainer.tp
     rows = steps[0]
     tokens = max(int(index.length[r].sum()) for r in rows)
@@ -337,7 +281,7 @@ def _oom_message(phase: str, steps: list[list[np.ndarray]], trainer: Trainer, wh
     first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
     return (
         f"train pilot: out of memory on the {phase} rows (rows of up to {tokens} tokens, longest document {longest}, "
-        f"{anchors} anchors, {trainer.rows_per_step} rows a step) with {where} ({first}); lower "
+        f"{anchors} anchors, {trainer.data.rows_per_step} rows a step) with {where} ({first}); lower "
         f"train.max_tokens_per_row ({tp.max_tokens_per_row}) or train.num_anchors ({tp.num_anchors}), set "
         f"train.activation_checkpointing: true (now {str(tp.activation_checkpointing).lower()}), or shard the "
         f"drafter with train.parallel: fsdp (now {tp.parallel})"
@@ -347,22 +291,23 @@ def _oom_message(phase: str, steps: list[list[np.ndarray]], trainer: Trainer, wh
 def run_pilot(params: Params, data_dir: str | Path) -> dict | None:
     """Run the pilot (module docstring); the report on global rank 0, None on the other ranks."""
     tp = params.train
-    trainer = PilotTrainer(pilot_params(params), data_dir)
+    trainer = Trainer(pilot_params(params), data_dir)
     try:
         return _run(trainer, params, tp.pilot_warmup_steps, tp.pilot_steps)
     finally:
         trainer.close()
 
 
-def _run(trainer: PilotTrainer, params: Params, warmup: int, measured: int) -> dict | None:
+def _run(trainer: Trainer, params: Params, warmup: int, measured: int) -> dict | None:
     cfg = trainer.cfg
     target = as_target_arch(target_config_dict(params.base.target_dir, params.base.trust_remote_code))
     features = TimedFeatures(trainer.features, list(cfg.target_layer_ids), cfg.hidden_size, trainer.target_device)
     trainer.features = features
     devices = [trainer.target_device, trainer.device]
-    plan = phase_steps(trainer, warmup + measured)
-    mix = anchor_mix(trainer, plan["ordinary"][warmup:])
-    trainer.pilot_rows = [step for name in PHASES for step in plan[name]]
+    by_phase = phase_steps(trainer.data, warmup + measured)
+    mix = anchor_mix(trainer.data, by_phase["ordinary"][warmup:])
+    data = PilotData.replacing(trainer.data, [step for name in PHASES for step in by_phase[name]])
+    trainer.data = data  # the real trainer, fed the pilot's rows
     phases, verdict, problem, s = {}, "ok", None, 0
     for name in PHASES:
         peak = PeakMemory(devices)
@@ -372,14 +317,15 @@ def _run(trainer: PilotTrainer, params: Params, warmup: int, measured: int) -> d
         try:
             for i in range(warmup + measured):
                 with _plain_mean_loss(trainer, s == 0):
-                    records.append(_step(trainer, features, s, name, i < warmup, target))
+                    records.append(_step(trainer, data, features, step=s, phase=name, warmup=i < warmup, target=target))
                 s += 1
         except FeatureProblem as exc:
             verdict, problem = "bad_features", str(exc)
         except Exception as exc:
             if not out_of_memory(exc):
                 raise
-            verdict, problem = "out_of_memory", _oom_message(name, plan[name], trainer, memory_in_use(devices), exc)
+            where = memory_in_use(devices)
+            verdict, problem = "out_of_memory", _oom_message(name, by_phase[name], trainer, where=where, exc=exc)
             log.error("%s", problem)
         if records:
             phases[name] = summarize_phase(records, peak.read(), trainer.world)
@@ -388,46 +334,33 @@ def _run(trainer: PilotTrainer, params: Params, warmup: int, measured: int) -> d
     gathered = dist.gather(trainer.dist, {n: (p["peak_memory_gb"], p["achieved_tflops"]) for n, p in phases.items()})
     if not trainer.dist.is_main:
         return None
-    return report(trainer, params, phases, verdict, problem, gathered, target, features, mix)
+    measured_run = PilotRun(phases=phases, verdict=verdict, problem=problem, gathered=gathered, mix=mix)
+    return report(trainer, params, measured_run, target=target, features=features)
 
 
 @dataclasses.dataclass(frozen=True)
-class AnchorMix:
-    """Blocks per packed row: in the ordinary steps the pilot measured, and over epoch 0's rows."""
+class PilotRun:
+    """What the pilot's phases measured: per phase its summary (summarize_phase), the verdict and its problem, every
+    process's (peak memory, TFLOP/s) per phase, and the ordinary rows' anchor mix."""
 
-    sample_per_row: float
-    epoch_per_row: float
-
-
-def anchor_mix(trainer: Trainer, measured_steps: list[list[np.ndarray]]) -> AnchorMix:
-    """The measured ordinary rows' anchors per row beside the epoch's (module docstring: the epoch step time)."""
-    n = trainer.tp.num_anchors
-    sample = [row_anchors(trainer.index, r, n) for step in measured_steps for r in step]
-    epoch = [row_anchors(trainer.index, r, n) for r in trainer.rows(0)]
-    return AnchorMix(sample_per_row=float(np.mean(sample)), epoch_per_row=float(np.mean(epoch)))
+    phases: dict[str, dict]
+    verdict: str  # ok | out_of_memory | bad_features
+    problem: str | None
+    gathered: list[dict[str, tuple[float, float]]]
+    mix: AnchorMix
 
 
-def epoch_step_seconds(ordinary: dict, mix: AnchorMix) -> float | None:
-    """The ordinary step time for the epoch's mix of rows: the drafter's part (forward + backward, which grows with
-    the blocks a row carries) scaled by the epoch's anchors per row over the measured rows'; the target forward,
-    optimizer and data wait as measured."""
-    step = ordinary.get("step_seconds")
-    if not step or mix.sample_per_row <= 0:
-        return step
-    drafter = step * ordinary["share"]["drafter"]
-    return step + drafter * (mix.epoch_per_row / mix.sample_per_row - 1)
-
-
-def report(trainer, params, phases, verdict, problem, gathered, target, features, mix: AnchorMix) -> dict:
+def report(trainer: Trainer, params: Params, run: PilotRun, *, target: TargetArch, features: TimedFeatures) -> dict:
     """Everything the pilot measured; the headline keys are PILOT_HEADLINE."""
     cfg, tp = trainer.cfg, trainer.tp
+    phases, verdict, problem, gathered, mix = run.phases, run.verdict, run.problem, run.gathered, run.mix
     ordinary = phases.get("ordinary", {})
     first = next((p["records"][0]["loss"] for p in phases.values() if p["records"]), None)
     ln_v = math.log(cfg.vocab_size)
     peak_tflops, peak_source = _peak_for(params, trainer.device, trainer.dtype)
     peaks = {n: max(g[n][0] for g in gathered if n in g) for n in phases}
     norms = np.asarray(features.norms) if features.norms else np.zeros((0, len(cfg.target_layer_ids)))
-    steps_per_epoch = trainer.steps_per_epoch[0]
+    steps_per_epoch = trainer.data.steps_per_epoch[0]
     step_s = ordinary.get("step_seconds")
     epoch_step_s = epoch_step_seconds(ordinary, mix) if ordinary else None
     dev = trainer.device
@@ -448,7 +381,7 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
         "activation_checkpointing": tp.activation_checkpointing,
         "attention_path": attention_path(trainer.backend, tp.compile),
         "linear_attention": linear_attention_kernels(trainer.features.inner.model),
-        "rows_per_step": trainer.rows_per_step,
+        "rows_per_step": trainer.data.rows_per_step,
         "lm_head_rows": int(trainer.head.weight.shape[0]),  # computed by the loss (exactly-zero rows folded)
         "max_tokens_per_row": tp.max_tokens_per_row,
         "num_anchors": tp.num_anchors,
@@ -486,12 +419,12 @@ def report(trainer, params, phases, verdict, problem, gathered, target, features
         "feature_layers": list(cfg.target_layer_ids),
         "feature_rms": [float(x) for x in norms.min(axis=0)] if len(norms) else None,
         "min_feature_rms": float(norms.min()) if len(norms) else None,
-        "rows_per_epoch": len(trainer.rows(0)),
+        "rows_per_epoch": len(trainer.data.rows(0)),
         "tokens_per_epoch": int(trainer.index.length[trainer.index.usable].sum()),
         "documents_per_epoch": int(len(trainer.index.usable)),
         "steps_per_epoch": steps_per_epoch,
         "epochs": tp.epochs,
-        "train_seconds_estimate": epoch_step_s * trainer.total_steps if epoch_step_s else None,
+        "train_seconds_estimate": epoch_step_s * trainer.data.total_steps if epoch_step_s else None,
         "phases": phases,
         "target_signature": target_signature(Path(params.base.target_dir) / "config.json"),
     }

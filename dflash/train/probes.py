@@ -19,6 +19,7 @@ import inspect
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -107,7 +108,9 @@ class TimedFeatures:
         self.norms: list[list[float]] = []  # per call: RMS of each hooked layer's features
         self.where = ""  # the pilot's current rows, for the message
 
-    def __call__(self, input_ids, doc_starts, doc_lengths):
+    def __call__(
+        self, input_ids: torch.Tensor, doc_starts: list[int], doc_lengths: list[int]
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         _sync(self.device)
         t0 = time.perf_counter()
         out = self.inner(input_ids, doc_starts, doc_lengths)
@@ -147,7 +150,7 @@ class TimedFeatures:
             )
 
 
-def _implementation(fn):
+def _implementation(fn: Callable) -> Callable:
     """What a transformers kernel wrapper calls (its `implementation` closure variable), else `fn` itself."""
     seen = set()
     while callable(fn) and id(fn) not in seen:

@@ -14,6 +14,8 @@ the same strict validation as the rest of the site). Kinds:
                                 own code, for the overlay and the variants the guides discuss
     plan-report                 that plan's whole report (what `python -m stages.plan --overlay ...` prints)
     provenance FILE...          which commit last changed the files, and when (`git log -1`)
+    layout dflash | packages    the library's map from its package docstrings: dflash/__init__.py's, or every
+                                package's (core, drafter, then the stages in pipeline order), each verbatim
 
 Anything it cannot read or parse (a field without a comment, a missing report, an unknown kind) stops the
 build with an error naming the file: a generated page is never silently empty.
@@ -313,12 +315,15 @@ def _days(hours: float) -> str:
     return f"{hours:,.1f} h ({hours / 24:.1f} d)"
 
 
-def _plan(overrides: list[str]) -> dict:
+def _plan(overrides: list[str]) -> Any:
+    """The plan (dflash/plan/result.py `Plan`) of the overlay with `overrides`, held against the published runs."""
     from dflash.core.loader import load_params
-    from dflash.plan.estimate import make_plan
+    from dflash.plan.estimate import build_plan
+    from dflash.plan.published import PublishedRuns
 
     empty = ["plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]  # no demo metrics: another target
-    return make_plan(load_params(REPO / "params.yaml", overrides=[*empty, *overrides], overlays=[REPO / GPU_OVERLAY]))
+    params = load_params(REPO / "params.yaml", overrides=[*empty, *overrides], overlays=[REPO / GPU_OVERLAY])
+    return build_plan(params, published=PublishedRuns.beside(REPO / "params.yaml"))
 
 
 def render_plan_report() -> str:
@@ -328,7 +333,7 @@ def render_plan_report() -> str:
 
     plan = _plan([])
     text = _lists_apart(render_markdown(plan))
-    text = text.replace(f"]({FIGURE})", f"]({data_uri(render_png(time_vs_gpus(plan)))})")  # drawn now, like the plan
+    text = text.replace(f"]({FIGURE})", f"]({data_uri(render_png(time_vs_gpus(plan.scaling)))})")  # drawn now
     return re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
 
 
@@ -336,27 +341,52 @@ def render_plan_case() -> str:
     rows = []
     for label, overrides in PLAN_VARIANTS:
         p = _plan(overrides)
-        s, t = p["summary"], p["training"]
-        layout = t["layouts"][s["train_layout"]]
-        drafter = layout["per_gpu"].get("drafter_gpu", {}).get("need_gb")
-        deadline = s.get("deadline") or p.get("deadline")
+        gen, train, deadline = p.generation, p.training, p.deadline
+        drafter_gpu = train.headline.per_gpu.get("drafter_gpu")
         cluster = ""
-        if isinstance(deadline, dict) and deadline.get("met"):
-            cluster = f"{deadline['gpus']} GPUs = {deadline['nodes']} x {deadline['gpus_per_node']}: {deadline['total_hours']:.1f} h"
-        elif isinstance(deadline, dict):
-            cluster = f"not met (best {deadline['best_hours']:.1f} h)"
+        if deadline is not None and deadline.met:
+            cluster = (
+                f"{deadline.gpus} GPUs = {deadline.nodes} x {deadline.gpus_per_node}: {deadline.total_hours:.1f} h"
+            )
+        elif deadline is not None:
+            cluster = f"not met (best {deadline.best_hours:.1f} h)"
         rows.append(
             [
                 label,
-                f"{_days(s['generation_hours'])}, {s['generation_batch_per_engine']} seqs / engine",
-                f"{s['train_layout']}: {_days(s['train_hours'])}",
-                f"{t['flops_per_sequence']['total']:.3g}",
-                f"{drafter:.1f} GB" if drafter is not None else "",
+                f"{_days(gen.wall_hours.mid)}, {gen.memory.batch} seqs / engine",
+                f"{train.layout}: {_days(train.headline.total_hours)}",
+                f"{train.flops_per_sequence.total:.3g}",
+                f"{drafter_gpu.need_gb:.1f} GB" if drafter_gpu is not None else "",
                 cluster,
             ]
         )
     header = ["-S", "generation", "training", "FLOPs / seq", "drafter GPU", "deadline cluster"]
     return _table(header, rows) + "\n"
+
+
+# ---- the library's map ------------------------------------------------------------------------------------
+
+LAYOUT_ORDER = ["core", "drafter", "target", "audit", "generate", "tokenize", "train", "eval", "plan", "report"]
+
+
+def _package_doc(folder: Path) -> str:
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    if not doc:
+        raise PluginError(f"{folder.relative_to(REPO)}/__init__.py: no docstring")
+    return doc
+
+
+def render_layout(which: str) -> str:
+    """`dflash`: the top package's docstring; `packages`: one section per package with its docstring (every package
+    of dflash/, in LAYOUT_ORDER, any other after them)."""
+    root = REPO / "dflash"
+    if which == "dflash":
+        return f"```text\n{_package_doc(root)}\n```\n"
+    if which != "packages":
+        raise PluginError(f"layout: expected `dflash` or `packages`, got {which!r}")
+    found = sorted(p.parent.name for p in root.glob("*/__init__.py"))
+    order = [p for p in LAYOUT_ORDER if p in found] + [p for p in found if p not in LAYOUT_ORDER]
+    return "\n".join(f"### `dflash/{p}/`\n\n```text\n{_package_doc(root / p)}\n```\n" for p in order)
 
 
 RENDERERS = {
@@ -367,4 +397,5 @@ RENDERERS = {
     "plan-case": render_plan_case,
     "plan-report": render_plan_report,
     "provenance": provenance,
+    "layout": render_layout,
 }

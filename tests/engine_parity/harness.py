@@ -231,7 +231,8 @@ def _target(folder: Path):
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state
 
-    from tests.helpers import free_port, small_qwen3_config
+    from tests.helpers.models import small_qwen3_config
+    from tests.helpers.train import free_port
     from tests.integration.test_vllm_kinds import HIDDEN, VOCAB
 
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers import free_port
+from tests.helpers.train import free_port
 
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 SBIN = ("/usr/sbin", "/usr/bin")

@@ -18,17 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import (
-    AUDIT_REPORT_ONLY,
-    HUB_COMMIT,
-    JUDGED_CONVERSATIONS,
-    REPO,
-    changed_stages,
-    dvc_env,
-    warm_hf_home,
-    write_jsonl,
-    write_params,
-)
+from tests.helpers import REPO
+from tests.helpers.audit import AUDIT_REPORT_ONLY, HUB_COMMIT, JUDGED_CONVERSATIONS, warm_hf_home, write_jsonl
+from tests.helpers.dvc import changed_stages, dvc_env, write_params
 
 STAGES = ("audit_input", "audit")
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from dflash.core.loader import load_params
+from tests.helpers import repo_params
 
 
 @pytest.mark.slow
@@ -33,8 +33,7 @@ def test_eval_stage_measures_a_dspark_drafter_by_the_reference(tiny_target, tmp_
         samples.append(([*prompt, tokenizer.eos_token_id], [0] * len(prompt) + [1], len(prompt)))
     (tmp_path / "eval").mkdir()
     write_shard(tmp_path / "eval" / "shard-00000.arrow", samples)
-    params = load_params(
-        repo_root / "params.yaml",
+    params = repo_params(
         [
             f"base.target_dir={tiny_target}",
             f"base.reports_dir={tmp_path / 'reports'}",

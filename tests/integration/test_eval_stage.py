@@ -17,7 +17,9 @@ from dflash.core.io import read_json
 from dflash.core.metrics import MAX_SHOWN, shown_values
 from dflash.drafter.geometry import build_drafter_config
 from dflash.eval.reference import greedy_decode
-from tests.helpers import overfit_drafter, repo_params, write_eval_shard
+from tests.helpers import repo_params
+from tests.helpers.inputs import write_eval_shard
+from tests.helpers.models import overfit_drafter
 
 # ------------------------------------------------------------------------------ the stage through vLLM (slow)
 

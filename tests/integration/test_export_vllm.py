@@ -11,7 +11,8 @@ from dflash.drafter.export import save_drafter
 from dflash.drafter.geometry import build_drafter_config
 from dflash.drafter.model import context_features
 from dflash.drafter.session import DraftSession
-from tests.helpers import greedy_continuations, overfit_drafter, repo_params, serve_dflash_greedy
+from tests.helpers import repo_params
+from tests.helpers.models import greedy_continuations, overfit_drafter, serve_dflash_greedy
 
 # ------------------------------------------------------------------------------------------------ vLLM
 # One engine for the module: the tiny target (random weights) + a 1-layer drafter over-fitted on the

@@ -3,7 +3,7 @@ output identical to plain greedy, and it accepts exactly what the PyTorch refere
 reference.py, drafting through the same DraftHead) accepts. The full-vocabulary case: test_export_vllm.py.
 
 One engine: the tiny target (random weights), a 1-layer drafter over-fitted on the target's greedy continuations of
-the test prompts (tests/helpers.py overfit_drafter), exported with a vocabulary of the tokenizer's added tokens and
+the test prompts (tests/helpers/models.py overfit_drafter), exported with a vocabulary of the tokenizer's added tokens and
 only half of the continuations' distinct tokens, so that some drafts the full-vocabulary drafter would make are
 impossible here and the mapping decides what vLLM proposes.
 """
@@ -20,7 +20,8 @@ from dflash.drafter.export import load_draft_head, save_drafter
 from dflash.drafter.geometry import build_drafter_config
 from dflash.drafter.vocab import added_token_ids, select
 from dflash.eval.reference import reference_decode
-from tests.helpers import greedy_continuations, overfit_drafter, repo_params, serve_dflash_greedy
+from tests.helpers import repo_params
+from tests.helpers.models import greedy_continuations, overfit_drafter, serve_dflash_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

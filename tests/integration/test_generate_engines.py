@@ -21,7 +21,10 @@ from dflash.core.io import file_sha256, list_shards, read_arrow, read_json
 from dflash.core.processes import kill_tree
 from dflash.generate import contract
 from dflash.generate import stage as gen
-from tests.helpers import REPO, generate_cmd, write_conversations
+from dflash.generate.units import make_units
+from tests.helpers import REPO
+from tests.helpers.generate import generate_cmd
+from tests.helpers.inputs import write_conversations
 
 # ---------------------------------------------------------------------------------------------- vLLM
 
@@ -164,9 +167,8 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     convs = sample_conversations[:8]  # units 0 and 1: one good unit, then the bad one, tried twice
     write_conversations(ws / "audit" / "conversations.arrow", convs)
     # vLLM's own engine-core processes (the GPU setting): a dead worker's engine cores must not be left running
-    cmd = generate_cmd(
-        ws, tiny_target, "generate.unit_size=4", "generate.max_unit_retries=1", "generate.engine_core_process=true"
-    )
+    retries = ("generate.unit_retries=1", "generate.engine_start_retries=1")
+    cmd = generate_cmd(ws, tiny_target, "generate.unit_size=4", *retries, "generate.engine_core_process=true")
     tag = str(ws)
     env = {**os.environ, contract.CRASH_ENV: "1", RUN_TAG: tag}  # the worker dies whenever it receives unit 1
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
@@ -180,12 +182,12 @@ def test_engine_crash_retries_then_fails_only_the_bad_unit(workspace, tiny_targe
     assert not left, "engine-core processes left running after the stage exited"
     assert "unit-00001" in out.stderr and "failed after retries" in out.stderr
     m = read_json(ws / "reports" / "generate_details.json")
-    bad = gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)[1]
+    bad = make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)[1]
     assert m["num_failed"] == contract.count_prompts(bad.conversations)
     assert m["num_completed"] + m["num_skipped"] + m["num_failed"] == m["num_prompts"]
     assert [u["unit"] for u in m["units_failed"]] == [1]
     names = {p.name for p in list_shards(Path(m["run_dir"]), "unit-*.arrow")}
-    assert names == {
-        u.name for u in gen.make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)
-    } - {bad.name}
+    assert names == {u.name for u in make_units(gen.load_conversations(ws / "audit" / "conversations.arrow"), 4)} - {
+        bad.name
+    }
     assert not (ws / "generate" / "current.json").exists()  # an incomplete run is never marked current

@@ -16,10 +16,17 @@ import pytest
 
 from dflash.core.io import list_shards, read_arrow, read_json
 from dflash.generate import contract
-from tests.helpers import REPO, generate_cmd, write_conversations
+from tests.helpers import REPO
+from tests.helpers.generate import generate_cmd
+from tests.helpers.inputs import write_conversations
 
 # 2 in flight: the poison search halves 2 suspects to 1 (each halving is an engine death and a restart)
-OVERRIDES = ("generate.unit_size=4", "generate.max_num_seqs=2", "generate.max_unit_retries=1")
+OVERRIDES = (
+    "generate.unit_size=4",
+    "generate.max_num_seqs=2",
+    "generate.unit_retries=1",
+    "generate.engine_start_retries=1",
+)
 POISON = "Recite the forbidden verse."
 
 

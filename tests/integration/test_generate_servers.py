@@ -19,7 +19,9 @@ from dflash.core.errors import UserError
 from dflash.core.io import file_sha256, list_shards, read_arrow, read_json
 from dflash.core.processes import kill_tree
 from dflash.generate import servers
-from tests.helpers import REPO, generate_cmd, repo_params, write_conversations
+from tests.helpers import REPO, repo_params
+from tests.helpers.generate import generate_cmd
+from tests.helpers.inputs import write_conversations
 
 # ------------------------------------------------------------------------------------------ real servers
 

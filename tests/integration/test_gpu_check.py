@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dflash.drafter.kinds import KINDS
-from tests.helpers import GPU_CHECK_STEPS, run_gpu_check
+from tests.helpers.gpu import GPU_CHECK_STEPS, run_gpu_check
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from dflash.core.io import read_json
-from tests.helpers import NARROW_HYBRID, distinct_sample_rows
+from tests.helpers.inputs import distinct_sample_rows
+from tests.helpers.models import NARROW_HYBRID
 
 OVERLAY = "params/demo-hybrid.yaml"
 SMALL = [

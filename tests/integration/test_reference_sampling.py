@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash.eval.reference import reference_decode, summarize
-from tests.helpers import SAMPLING_VOCAB, sampling_drafter, sampling_target
+from tests.helpers.models import SAMPLING_VOCAB, sampling_drafter, sampling_target
 
 
 @pytest.mark.slow

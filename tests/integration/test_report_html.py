@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, repo_params, report_run
+from tests.helpers import REPO, repo_params
+from tests.helpers.dvc import report_run
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INLINE = ("data:",)  # what a self-contained page may "request": its own inline data

@@ -28,7 +28,10 @@ import pytest
 import yaml
 
 from dflash.core.metrics import MAX_SHOWN, shown_values
-from tests.helpers import NARROW_TARGET, REPO, changed_stages, distinct_sample_rows, dvc_env, write_params
+from tests.helpers import REPO
+from tests.helpers.dvc import changed_stages, dvc_env, write_params
+from tests.helpers.inputs import distinct_sample_rows
+from tests.helpers.models import NARROW_TARGET
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

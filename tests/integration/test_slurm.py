@@ -27,7 +27,10 @@ import pytest
 
 from dflash.core.io import list_shards, read_arrow, read_json
 from dflash.generate.turns import FAILED
-from tests.helpers import REPO, free_port, generate_cmd, one_thread, repo_params, train_overrides, write_conversations
+from tests.helpers import REPO, repo_params
+from tests.helpers.generate import generate_cmd
+from tests.helpers.inputs import write_conversations
+from tests.helpers.train import free_port, one_thread, train_overrides
 from tests.integration.slurm_cluster import SlurmCluster, slurm_missing
 
 pytestmark = pytest.mark.slow

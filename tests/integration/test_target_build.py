@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from dflash.core.io import file_sha256
-from tests.helpers import NARROW_HYBRID, NARROW_TARGET, repo_params
+from tests.helpers import repo_params
+from tests.helpers.models import NARROW_HYBRID, NARROW_TARGET
 
 
 @pytest.mark.slow

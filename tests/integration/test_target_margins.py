@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.helpers import NARROW_TARGET, REPO
+from tests.helpers import REPO
+from tests.helpers.models import NARROW_TARGET
 
 
 def _stage(tmp_path, target, *overrides):

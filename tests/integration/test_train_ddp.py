@@ -1,5 +1,5 @@
 """DDP on CPU / gloo (two spawned processes with torchrun's environment): step 0's gradients equal one process
-on the same global batch, and differ from one process on half of it. Target and shards: tests/helpers.py.
+on the same global batch, and differ from one process on half of it. Target and shards: tests/helpers/train.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash.train.loop import Trainer
-from tests.helpers import free_port, one_thread, rank_env, train_params
+from tests.helpers.train import free_port, one_thread, rank_env, train_params
 
 # ------------------------------------------------------------------------------------------------ DDP
 
@@ -37,7 +37,7 @@ def test_ddp_gradients_equal_one_process_on_the_same_global_batch(tmp_path, trai
     with one_thread():
         single = Trainer(train_params(train_target, tmp_path / "single", "train.batch_size=2"), train_data)
         metrics = single.compute_gradients(0)
-    assert single.rows_per_step == 2 and ddp["metrics"]["tokens"] == metrics["tokens"]
+    assert single.data.rows_per_step == 2 and ddp["metrics"]["tokens"] == metrics["tokens"]
     assert ddp["metrics"]["correct"] == metrics["correct"] and ddp["metrics"]["counted"] == metrics["counted"]
     assert ddp["metrics"]["loss"] == pytest.approx(metrics["loss"], rel=1e-6)
 

@@ -1,7 +1,7 @@
 """FSDP2 (`train.parallel: fsdp`) against DDP on CPU / gloo: the same loss curve, clip and export; resume across modes.
 
 Two processes (torch.multiprocessing.spawn with torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR/PORT, as tests/integration/test_train_ddp.py; the small target and hand-made shards of tests/helpers.py) run, in ONE gloo process group, six training phases on the same data and seed:
+MASTER_ADDR/PORT, as tests/integration/test_train_ddp.py; the small target and hand-made shards of tests/helpers/train.py) run, in ONE gloo process group, six training phases on the same data and seed:
   1-2. ddp and fsdp, each stopped (and checkpointed) at step K; then both folders are copied
   3-4. ddp and fsdp resumed to the end: the reference curves
   5-6. the ddp checkpoint resumed under fsdp, the fsdp checkpoint resumed under ddp, to the end
@@ -24,7 +24,7 @@ import torch
 
 from dflash.train import checkpoint, parallel
 from dflash.train.loop import Trainer
-from tests.helpers import free_port, rank_env, train_params
+from tests.helpers.train import free_port, rank_env, train_params
 
 K = 5  # steps before the switch of mode
 

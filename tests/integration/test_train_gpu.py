@@ -1,7 +1,7 @@
 """Training on CUDA: bf16 autocast over fp32 master weights, the flex BlockMask against the dense SDPA mask,
 the split layout (target and drafter on different devices), a compiled drafter. Skipped without a GPU.
 
-Same small target and shards as the unit training tests (tests/helpers.py).
+Same small target and shards as the unit training tests (tests/helpers/train.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash.train.loop import Trainer, train
-from tests.helpers import train_params
+from tests.helpers.train import train_params
 
 pytestmark = pytest.mark.gpu
 CUDA = ["train.target_device=cuda", "train.drafter_device=cuda", "train.dtype=bfloat16"]

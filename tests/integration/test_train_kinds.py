@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from dflash.core.loader import load_params
 from dflash.drafter.export import load_drafter
 from dflash.train.data import write_shard
 from dflash.train.loop import train
-from tests.helpers import small_qwen3_config
+from tests.helpers import repo_params
+from tests.helpers.models import small_qwen3_config
 
 pytestmark = pytest.mark.slow
 VOCAB, END, MASK, ZERO_FROM = 512, 305, 511, 300
@@ -85,7 +85,7 @@ def _train(setup, out, *extra: str) -> dict:
         "train.checkpoint_every=0",
         *extra,
     ]
-    return train(load_params("params.yaml", overrides), data)
+    return train(repo_params(overrides), data)
 
 
 def test_dspark_trains_and_exports_its_vllm_format(setup, tmp_path):

@@ -5,7 +5,7 @@ Two torchrun agents (`--nnodes 2 --node-rank 0|1 --nproc-per-node 2 --rdzv-backe
 reports_dir: node-local), sharing train.out (the shared filesystem). World 4 runs step 0's gradients (compared
 with one process on the same global batch) and then the stage to train.max_steps; a 1 x 2 torchrun resumes it
 to the end and is compared with an uninterrupted one-process run: same step, lr, documents per step (digest),
-losses within float-summation tolerance. Same small target and shards as the unit training tests (tests/helpers.py).
+losses within float-summation tolerance. Same small target and shards as the unit training tests (tests/helpers/train.py).
 
 This file is also the torchrun worker: `python tests/integration/test_train_multinode.py MODE TARGET DATA OUT RESULT -S...`.
 """
@@ -26,7 +26,8 @@ import torch
 from dflash.core.errors import UserError
 from dflash.train import checkpoint
 from dflash.train.loop import Trainer, train
-from tests.helpers import REPO, free_port, one_thread, repo_params, train_overrides
+from tests.helpers import REPO, repo_params
+from tests.helpers.train import free_port, one_thread, train_overrides
 
 STEPS_FIRST = 5  # the world-4 run stops here (train.max_steps); the resumed run goes on from it
 COMMON = [  # global batch 4 rows on every world size; per-row feature noise on (it must not depend on the split)
@@ -165,7 +166,7 @@ def _worker(argv: list[str]) -> None:
     if mode == "grads":
         trainer = Trainer(params, data_dir)
         metrics = trainer.compute_gradients(0)
-        docs = [d for _, b in trainer.micro_batches(0) for d in b.documents]
+        docs = [d for _, b in trainer.data.micro_batches(0) for d in b.documents]
         grads = [p.grad.clone() for p in trainer.model.parameters()] if trainer.dist.is_main else []
         info = dataclasses.asdict(trainer.dist) | {"nodes": trainer.dist.nodes}
         torch.save({"dist": info, "docs": docs, "metrics": metrics, "grads": grads}, f"{result}-{trainer.rank}.pt")

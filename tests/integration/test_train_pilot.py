@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-from dflash.core.loader import load_params
-from dflash.train import loop
+from dflash.train import parts
 from dflash.train.data import pack_best_fit, scan_shards, write_shard
 from dflash.train.loop import Trainer
-from dflash.train.pilot import PHASES, longest_rows, most_anchor_rows, row_anchors, run_pilot
-from tests.helpers import REPO, small_qwen3_config
+from dflash.train.pilot import run_pilot
+from dflash.train.pilot_data import PHASES, longest_rows, most_anchor_rows, row_anchors
+from tests.helpers import REPO, repo_params
+from tests.helpers.models import small_qwen3_config
 
 VOCAB, MASK = 512, 511
 LONG = (150, 190, 230)  # the long documents' lengths (tokens), the longest last
@@ -96,7 +97,7 @@ def _overrides(target: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _params(target: Path, out: Path, *extra: str):
-    return load_params(REPO / "params.yaml", _overrides(target, out, *extra))
+    return repo_params(_overrides(target, out, *extra))
 
 
 # ------------------------------------------------------------------------------------------ the worst rows
@@ -166,7 +167,7 @@ def test_pilot_measures_the_real_trainer(setup, tmp_path):
 def test_a_target_layer_giving_zeros_is_refused_naming_it(setup, tmp_path, monkeypatch):
     """A hook on the target's layer 2 returns zeros (as hybrid extraction bugs did): the pilot names layer 2."""
     target, data = setup
-    real = loop.load_target_model
+    real = parts.load_target_model
 
     def zeroed(*args, **kwargs):
         model = real(*args, **kwargs)
@@ -174,7 +175,7 @@ def test_a_target_layer_giving_zeros_is_refused_naming_it(setup, tmp_path, monke
         layer.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out[0] if isinstance(out, tuple) else out))
         return model
 
-    monkeypatch.setattr(loop, "load_target_model", zeroed)
+    monkeypatch.setattr(parts, "load_target_model", zeroed)
     report = run_pilot(_params(target, tmp_path), data)
     assert report["verdict"] == "bad_features"
     assert "target layer 2 (drafter.target_layer_ids[1]) gives all-zero hidden states" in report["problem"]

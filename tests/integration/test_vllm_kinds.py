@@ -32,7 +32,8 @@ from dflash.drafter.dflash2 import grouped_causal_conv, selector_walk
 from dflash.drafter.dspark import markov_walk
 from dflash.drafter.export import save_drafter
 from dflash.drafter.geometry import build_drafter_config
-from tests.helpers import free_port, kind_drafter_params, small_qwen3_config
+from tests.helpers.models import kind_drafter_params, small_qwen3_config
+from tests.helpers.train import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -22,7 +22,7 @@ from dflash.drafter.build import build_drafter
 from dflash.drafter.export import save_drafter
 from dflash.drafter.geometry import build_drafter_config
 from dflash.drafter.lilicorr import lattice_walk, walk_scores
-from tests.helpers import kind_drafter_params, small_qwen3_config
+from tests.helpers.models import kind_drafter_params, small_qwen3_config
 from tests.integration.test_vllm_kinds import (  # noqa: F401  (target_dir: the shared module fixture)
     HIDDEN,
     MASK,

@@ -2,7 +2,7 @@
 `datasets` cache offline, `save_to_disk` folders, Arrow files and conversations stored as JSON strings, each
 audited with the same kept / rejected rows and reasons as the same rows in JSONL.
 
-The hub-format cache is made without network by `datasets` itself (tests/helpers.py `hub_cache`): a hub load
+The hub-format cache is made without network by `datasets` itself (tests/helpers/audit.py `hub_cache`): a hub load
 online writes the same layout, its builder hash being the commit it resolved, so these tests read what an online
 first run leaves behind. With the network gone: tests/integration/test_audit_hub_offline.py.
 """
@@ -22,14 +22,14 @@ from dflash.audit.run import run_audit
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import read_arrow
 from dflash.target.build import qwen3_tokenizer_dir
-from tests.helpers import (
+from tests.helpers import repo_params
+from tests.helpers.audit import (
     AUDIT_REPORT_ONLY,
     HUB_COMMIT,
     JUDGED_CONVERSATIONS,
     audit_stage_reads_cache_or_names_the_id,
     hub_cache,
     message,
-    repo_params,
     save_dataset_to_disk,
     warm_hf_home,
     write_jsonl,

@@ -13,7 +13,8 @@ import pytest
 
 from dflash.audit.manifest import HashCache, input_manifest
 from dflash.core.errors import ParamsError, UserError
-from tests.helpers import HUB_COMMIT, JUDGED_CONVERSATIONS, repo_params, save_dataset_to_disk, write_jsonl
+from tests.helpers import repo_params
+from tests.helpers.audit import HUB_COMMIT, JUDGED_CONVERSATIONS, save_dataset_to_disk, write_jsonl
 
 ROWS = [{"messages": c} for c in JUDGED_CONVERSATIONS]
 

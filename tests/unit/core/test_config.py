@@ -48,6 +48,15 @@ def test_unknown_nested_key(params_file):
     _edit(params_file, lambda d: d["target"]["tiny"].__setitem__("hiden_size", 3))
     with pytest.raises(ParamsError, match=r"params\.yaml: target\.tiny\.hiden_size: unknown key"):
         load_params(params_file)
+    # a retired key is refused in one line naming what replaced it, from a file and from -S alike
+    _edit(params_file, lambda d: d["target"]["tiny"].pop("hiden_size"))
+    retired = r"generate\.max_unit_retries: retired: .*generate\.request_retries.*generate\.unit_retries.*generate\.engine_start_retries"
+    with pytest.raises(ParamsError, match=rf"-S generate\.max_unit_retries=1: {retired}"):
+        load_params(params_file, ["generate.max_unit_retries=1"])
+    _edit(params_file, lambda d: d["generate"].__setitem__("max_unit_retries", 1))
+    with pytest.raises(ParamsError, match=rf"params\.yaml: {retired}") as refused:
+        load_params(params_file)
+    assert "\n" not in str(refused.value)
 
 
 def test_missing_key(params_file):

@@ -119,8 +119,9 @@ def test_gpu_overlay_describes_one_bf16_engine_per_gpu_in_thinking_mode(repo_roo
     assert not g.enforce_eager and 0.85 <= g.gpu_memory_utilization <= 0.95
     # the plan estimates the run that generate will do: it reads these engine settings from `generate`
     from dflash.plan.estimate import generation_settings
+    from dflash.plan.inputs import resolve_paths
 
-    gs = generation_settings(p)
+    gs = generation_settings(p, resolve_paths(p.plan, p.base))
     # before a sweep of this target: its largest level (a pilot.json of the tiny demo does not count)
     assert (gs.max_model_len, gs.max_num_seqs, gs.tensor_parallel_size) == (g.max_model_len, max(g.pilot_sweep), 1)
     from dflash.plan.estimate import make_plan

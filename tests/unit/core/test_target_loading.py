@@ -25,7 +25,8 @@ import pytest
 from dflash.core.errors import UserError
 from dflash.core.hf import load_config, load_target_model
 from dflash.target.build import write_reference
-from tests.helpers import REPO, free_port, repo_params
+from tests.helpers import REPO, repo_params
+from tests.helpers.train import free_port
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 

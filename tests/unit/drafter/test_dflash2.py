@@ -15,7 +15,7 @@ from dflash.drafter.model import block_labels
 from dflash.drafter.session import DraftSession
 from dflash.train.loss import LMHead, normaliser_share, slot_weights
 from dflash.train.loss_dflash2 import candidates_and_labels, selector_loss
-from tests.helpers import kind_drafter_params, small_qwen3_config
+from tests.helpers.models import kind_drafter_params, small_qwen3_config
 
 
 def _config(kind: str):

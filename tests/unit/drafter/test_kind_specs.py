@@ -15,7 +15,8 @@ from dflash.drafter.build import build_drafter
 from dflash.drafter.export import body_keys
 from dflash.drafter.geometry import build_drafter_config
 from dflash.drafter.kinds import KINDS, resolve, spec_for
-from tests.helpers import REPO, kind_drafter_params, small_qwen3_config
+from tests.helpers import REPO
+from tests.helpers.models import kind_drafter_params, small_qwen3_config
 
 
 def test_the_registry_is_the_params_schemas_list_of_kinds():

@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 
 from dflash.core.errors import ParamsError
-from dflash.core.loader import load_params
 from dflash.drafter.geometry import KINDS, build_drafter_config, kind_cost, parameter_counts
-from tests.helpers import REPO, kind_drafter_params, small_qwen3_config
-
-OVERLAY = "params/gpu-qwen3.6-27b.yaml"
+from tests.helpers import REPO, plan_params, repo_params
+from tests.helpers.models import kind_drafter_params, small_qwen3_config
 
 
 def _drafter(kind: str, **changes):
@@ -44,7 +42,7 @@ def test_the_geometry_validator_names_the_kinds_own_key(kind, changes, message):
 
 def test_an_unknown_kind_is_refused_by_the_params_loader():
     with pytest.raises(ParamsError, match=r"drafter\.kind"):
-        load_params(REPO / "params.yaml", ["drafter.kind=eagle3"])
+        repo_params(["drafter.kind=eagle3"])
 
 
 def test_a_kinds_fields_come_only_from_its_own_section():
@@ -72,7 +70,7 @@ def test_train_refuses_what_a_kind_does_not_define(override, message):
     from dflash.core.validate import check_train
 
     with pytest.raises(ParamsError, match=message):
-        check_train(load_params(REPO / "params.yaml", override))
+        check_train(repo_params(override))
 
 
 def test_reference_temperatures_are_checked():
@@ -84,7 +82,7 @@ def test_reference_temperatures_are_checked():
         ("eval.reference_temperatures=[1.0, 1.0]", r"has duplicates"),
     ]:
         with pytest.raises(ParamsError, match=message):
-            check_eval(load_params(REPO / "params.yaml", [override]))
+            check_eval(repo_params([override]))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -101,15 +99,13 @@ def test_the_plans_count_of_each_kind_is_the_modules_own(kind):
     assert (kind_cost(cfg).params > 0) == (kind != "dflash")
 
 
-def test_the_27b_heads_cost_what_the_issue_says(tmp_path, monkeypatch):
+def test_the_27b_heads_cost_what_the_issue_says(tmp_path):
     """Markov heads at the 27B target's 248,320-row vocabulary and r 256: 2 x V x r = 127.1 M parameters."""
-    monkeypatch.chdir(REPO)
     from dflash.plan import estimate as plan
 
-    isolate = [f"base.reports_dir={tmp_path}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
     # the overlay trains DFlash with target_argmax + dpace: tokens + decay here, so only the kind differs
     kind = {k: [f"drafter.kind={k}", "train.position_weighting=decay", "train.loss_target=tokens"] for k in KINDS}
-    runs = {k: plan.make_plan(load_params("params.yaml", [*isolate, *kind[k]], [OVERLAY])) for k in KINDS}
+    runs = {k: plan.make_plan(plan_params(tmp_path, *kind[k])) for k in KINDS}
     vocab = json.loads(Path(REPO / "params/targets/qwen3.6-27b.config.json").read_text())["text_config"]["vocab_size"]
     total = {k: r["summary"]["drafter_params"] for k, r in runs.items()}
     assert total["dspark"] - total["dflash"] == 2 * vocab * 256 + 5120 + 256 + 1  # + the confidence head

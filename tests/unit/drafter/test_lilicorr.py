@@ -20,7 +20,8 @@ from dflash.drafter.model import block_labels
 from dflash.drafter.session import DraftSession
 from dflash.train.loss import LMHead, normaliser_share, slot_weights
 from dflash.train.loss_lilicorr import correlator_loss
-from tests.helpers import kind_drafter_params, small_qwen3_config
+from tests.helpers import repo_params
+from tests.helpers.models import kind_drafter_params, small_qwen3_config
 
 V, H, B = 512, 64, 4
 
@@ -139,13 +140,11 @@ def test_the_geometry_refuses_what_vllm_refuses(lilicorr, message):
 
 
 def test_params_accept_lilicorr_and_its_loss_weight_is_checked():
-    from dflash.core.loader import load_params
     from dflash.core.validate import check_train
-    from tests.helpers import REPO
 
-    check_train(load_params(REPO / "params.yaml", ["drafter.kind=lilicorr"]))
+    check_train(repo_params(["drafter.kind=lilicorr"]))
     with pytest.raises(ParamsError, match=r"^train\.lilicorr_loss\.correlator: must be >= 0"):
-        check_train(load_params(REPO / "params.yaml", ["drafter.kind=lilicorr", "train.lilicorr_loss.correlator=-1"]))
+        check_train(repo_params(["drafter.kind=lilicorr", "train.lilicorr_loss.correlator=-1"]))
 
 
 @pytest.mark.parametrize("convs", [(0, 0), (2, 16)])

@@ -13,7 +13,8 @@ from dflash.drafter.geometry import build_drafter_config, default_target_layer_i
 from dflash.drafter.masks import build_masks
 from dflash.drafter.model import block_input_ids, block_labels, build_drafter, context_features, count_parameters
 from dflash.drafter.session import DraftSession
-from tests.helpers import repo_params, small_qwen3_config
+from tests.helpers import repo_params
+from tests.helpers.models import small_qwen3_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

@@ -22,7 +22,8 @@ from dflash.drafter.vocab import (
     t2d_table,
 )
 from dflash.train.loss import LMHead, block_loss, slot_weights
-from tests.helpers import repo_params, small_qwen3_config
+from tests.helpers import repo_params
+from tests.helpers.models import small_qwen3_config
 
 V, H, B = 50, 16, 4
 

@@ -15,7 +15,9 @@ from transformers import Qwen3ForCausalLM
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import write_arrow
 from dflash.eval.reference import greedy_decode, reference_decode, summarize
-from tests.helpers import overfit_drafter, repo_params, small_drafter_config, small_qwen3_config, write_eval_shard
+from tests.helpers import repo_params
+from tests.helpers.inputs import write_eval_shard
+from tests.helpers.models import overfit_drafter, small_drafter_config, small_qwen3_config
 
 # ------------------------------------------------------------------------------ reference evaluator (fast)
 

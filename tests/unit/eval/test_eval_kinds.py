@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash.core.loader import load_params
 from dflash.eval.engines import speculative_config, unservable_reason
+from tests.helpers import repo_params
 
 
 def test_vllm_method_per_kind(repo_root):
-    e = load_params(repo_root / "params.yaml").eval
+    e = repo_params().eval
     for kind, method in (("dflash", "dflash"), ("dflash2", "dflash"), ("dspark", "dspark")):
         spec = speculative_config("dflash", e, "/d", 8, kind)
         assert spec == {"method": method, "model": "/d", "num_speculative_tokens": 7}  # B-1 drafts for every kind

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash.eval.reference import _Sampler, greedy_decode, reference_decode, summarize
-from tests.helpers import sampling_drafter, sampling_target
+from tests.helpers.models import sampling_drafter, sampling_target
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2", "lilicorr"])

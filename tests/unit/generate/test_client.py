@@ -16,15 +16,15 @@ import pytest
 from benchmarks.fake_openai_servers import FakeServer
 from dflash.core.chat import template_kwargs
 from dflash.core.io import list_shards, read_arrow
-from dflash.core.loader import load_params
-from dflash.generate import client
+from dflash.generate import servers_backend as client
 from dflash.generate.contract import Unit, count_prompts
 from dflash.generate.health import HealthRules, ServerHealth
 from dflash.generate.progress import Progress
 from dflash.generate.servers import ServerError, http_failure, parse_reply, retry_after_s
-from dflash.generate.stage import make_units
 from dflash.generate.turns import TurnBook
-from tests.helpers import REPO, fake_worker_config, repo_params
+from dflash.generate.units import make_units
+from tests.helpers import repo_params
+from tests.helpers.generate import fake_worker_config
 
 VOCAB = 151936
 
@@ -141,17 +141,17 @@ def dispatch(tmp_path, qwen_tokenizer, monkeypatch):
     monkeypatch.setattr(client, "backoff_s", lambda attempts: 0.01)
 
     def run(urls: list[str], n: int, *overrides: str):
-        g = load_params(REPO / "params.yaml", ["generate.unit_size=4", "generate.request_timeout_s=30", *overrides])
+        g = repo_params(["generate.unit_size=4", "generate.request_timeout_s=30", *overrides])
         convs = _convs(n)
         d = client.ServersDispatcher(
             make_units(convs, 4),
             fake_worker_config(tmp_path, g.generate),
             g.generate,
-            urls,
-            "m",
-            qwen_tokenizer,
-            count_prompts(convs),
-            0,
+            urls=urls,
+            model="m",
+            tokenizer=qwen_tokenizer,
+            total_prompts=count_prompts(convs),
+            done=0,
         )
         result = d.run()
         rows = {r["sample_id"]: r for s in list_shards(tmp_path, "unit-*.arrow") for r in read_arrow(s).to_pylist()}
@@ -181,7 +181,7 @@ def test_a_quarantined_server_s_in_flight_requests_move_without_waiting_for_thei
     t0 = time.time()
     with FakeServer(answer, mode="hang") as a, FakeServer(answer) as b, caplog.at_level(logging.WARNING):
         a.fail_if = lambda prompt: prompt in fast_fail
-        overrides = ("generate.max_num_seqs=6", "generate.max_unit_retries=1", "generate.request_timeout_s=120")
+        overrides = ("generate.max_num_seqs=6", "generate.request_retries=1", "generate.request_timeout_s=120")
         result, rows = dispatch([a.url, b.url], 12, *overrides)
     assert time.time() - t0 < 60, "the hanging requests waited for their timeout"
     assert len(rows) == 12 and all(r["status"] == "completed" for r in rows.values())
@@ -193,7 +193,7 @@ def test_a_retried_request_goes_to_another_server(dispatch, answer, qwen_tokeniz
     poison = _prompt_of(qwen_tokenizer, 0)
     with FakeServer(answer) as a, FakeServer(answer) as b:
         a.fail_if = lambda prompt: prompt == poison  # c0:0 goes to A first (least loaded, first listed)
-        result, rows = dispatch([a.url, b.url], 4, "generate.max_num_seqs=4", "generate.max_unit_retries=3")
+        result, rows = dispatch([a.url, b.url], 4, "generate.max_num_seqs=4", "generate.request_retries=3")
     assert rows["c0:0"]["status"] == "completed" and not result.failed_turns
     assert a.received == 2 and poison in b.answered  # A got c0:0 (failed) and c2:0; B served c0:0's retry
 
@@ -208,7 +208,7 @@ def test_a_quarantined_server_rejoins_only_after_a_real_completion(dispatch, ans
     with FakeServer(answer) as a, FakeServer(answer) as b, caplog.at_level(logging.WARNING):
         a.script = ["vocab"] * 7
         b.hold = lambda: len(a.answered) >= 2  # the good probe, then one of the run's prompts
-        overrides = ("generate.max_num_seqs=1", "generate.max_unit_retries=5", "generate.request_timeout_s=120")
+        overrides = ("generate.max_num_seqs=1", "generate.request_retries=5", "generate.request_timeout_s=120")
         result, rows = dispatch([a.url, b.url], 12, *overrides)
     assert a.received >= 8, "A was not probed until its script ran out: the test proves nothing"
     assert len(rows) == 12 and all(r["status"] == "completed" for r in rows.values())
@@ -221,7 +221,7 @@ def test_a_throttling_server_is_left_alone_for_its_retry_after_and_nothing_fails
     t0 = time.time()
     with FakeServer(answer) as a, caplog.at_level(logging.WARNING):
         a.script = ["throttle", "throttle"]  # the first two requests get 429 + Retry-After: 1, then it serves
-        result, rows = dispatch([a.url], 4, "generate.max_num_seqs=2", "generate.max_unit_retries=0")
+        result, rows = dispatch([a.url], 4, "generate.max_num_seqs=2", "generate.request_retries=0")
     assert time.time() - t0 >= 1.0, "the server was asked again before its Retry-After"
     assert len(rows) == 4 and all(r["status"] == "completed" for r in rows.values()) and not result.failed_turns
     assert "out of rotation" not in caplog.text

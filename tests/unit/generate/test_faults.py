@@ -6,7 +6,7 @@ context (an answer cut short), HTTP 429 + Retry-After, or hang past the timeout.
 Each misbehaviour runs through the real stage entry point (`stages.generate` via dflash.core.cli, in this
 process, against a target folder that holds only a config and the real Qwen3 tokenizer: the servers backend
 loads no weights), in the issue's settings (request_timeout_s 5, which a healthy reply on a loaded machine is well
-inside; max_unit_retries 1):
+inside; request_retries 1):
 - beside a healthy server: exit 0, every prompt exactly once, every stored id inside the vocabulary;
 - alone: exit 1 with one line naming the server's URL and what it sent, no traceback, no shard stored.
 And a request that always fails (on every server) is one failed turn: every other prompt of its unit is
@@ -26,7 +26,8 @@ from benchmarks.fake_openai_servers import FakeServer
 from dflash.core import cli
 from dflash.core.io import list_shards, read_arrow, read_json, write_json
 from stages import generate as generate_stage
-from tests.helpers import PARAMS, repo_params, write_conversations
+from tests.helpers import PARAMS, repo_params
+from tests.helpers.inputs import write_conversations
 
 VOCAB = 151936  # the fake target's config.json vocab_size (every Qwen3 checkpoint's)
 POISON = "Recite the forbidden verse."
@@ -93,7 +94,7 @@ def run_stage(ws: Path, target: Path, urls: list[str], capsys, *extra: str) -> t
         "generate.max_num_seqs=2",
         "generate.unit_size=2",
         "generate.request_timeout_s=5",
-        "generate.max_unit_retries=1",
+        "generate.request_retries=1",
         "generate.sampling.max_tokens=64",
         *extra,
     ]

@@ -4,19 +4,16 @@ tests/integration/test_generate_poison.py."""
 
 from __future__ import annotations
 
-from dflash.core.loader import load_params
 from dflash.generate import contract
-from dflash.generate.dispatch import Dispatcher
-from tests.helpers import REPO
-
-OVERRIDES = ("generate.unit_size=4", "generate.max_num_seqs=4", "generate.max_unit_retries=1")
+from dflash.generate.engines_backend import EnginesDispatcher
+from tests.helpers import repo_params
 
 
 def test_the_search_narrows_to_the_requests_in_the_engine_at_each_death(tmp_path):
     """The dispatcher's rule, death by death: a plain retry first; from the second death on, the requests that
     were in the engine are the suspects; one request alone in the engine at a death is the failed turn."""
-    g = load_params(REPO / "params.yaml", ["generate.max_unit_retries=1"]).generate
-    d = Dispatcher([], None, g, 0, 0)
+    g = repo_params(["generate.unit_retries=1", "generate.engine_start_retries=1"]).generate
+    d = EnginesDispatcher([], None, g, 0, 0)
     unit = contract.Unit(3, [], "unit-3.arrow")
     unit.attempts = 1
     d._narrow(unit, {"a:0", "b:0", "c:0", "d:0"}, 17)

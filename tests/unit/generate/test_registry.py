@@ -1,7 +1,7 @@
 """generate.server_registry (dflash/generate/registry.py) against fake OpenAI servers on 127.0.0.1
 (benchmarks/fake_openai_servers.py): a server whose file appears after the run started is used; one whose file
 disappears is drained (its in-flight requests finish there, or, failing there, move to another server without
-being charged, so not even max_unit_retries 0 fails a turn); a file that does not hold an http(s) base URL is
+being charged, so not even request_retries 0 fails a turn); a file that does not hold an http(s) base URL is
 refused with one line naming it. Events are ordered by what the servers saw (their `hold`), not by the clock.
 """
 
@@ -15,13 +15,13 @@ import pytest
 from benchmarks.fake_openai_servers import FakeServer
 from dflash.core.errors import ParamsError
 from dflash.core.io import list_shards, read_arrow
-from dflash.core.loader import load_params
 from dflash.core.validate import check_generate
-from dflash.generate import client
+from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
 from dflash.generate.registry import ServerRegistry, changes
-from dflash.generate.stage import make_units
-from tests.helpers import REPO, fake_worker_config
+from dflash.generate.units import make_units
+from tests.helpers import repo_params
+from tests.helpers.generate import fake_worker_config
 
 
 def _convs(n: int) -> list[dict]:
@@ -42,7 +42,7 @@ def run_registry(tmp_path, qwen_tokenizer):
     read every 0.05 s; (result, rows by sample id)."""
 
     def run(reg, n: int, *overrides: str):
-        g = load_params(REPO / "params.yaml", ["generate.unit_size=4", "generate.max_num_seqs=2", *overrides])
+        g = repo_params(["generate.unit_size=4", "generate.max_num_seqs=2", *overrides])
         convs = _convs(n)
         out = tmp_path / "run"
         out.mkdir()
@@ -50,11 +50,11 @@ def run_registry(tmp_path, qwen_tokenizer):
             make_units(convs, 4),
             fake_worker_config(out, g.generate),
             g.generate,
-            [],
-            "m",
-            qwen_tokenizer,
-            count_prompts(convs),
-            0,
+            urls=[],
+            model="m",
+            tokenizer=qwen_tokenizer,
+            total_prompts=count_prompts(convs),
+            done=0,
             registry=ServerRegistry(reg, poll_s=0.05),
         )
         result = d.run()
@@ -100,7 +100,7 @@ def test_a_server_that_joins_after_the_start_is_used(tmp_path, answer, run_regis
 def test_a_withdrawn_server_is_drained_without_failing_its_turns(tmp_path, answer, run_registry, caplog, in_flight):
     """A and B are listed. A's file is removed once A holds two real requests; B waits until then. `finish`: A's
     two requests are answered there once the client has seen the withdrawal, and A gets no other. `fail`: they
-    hang past the timeout while A's /health stays 200; max_unit_retries 0, so a charged failure would be a
+    hang past the timeout while A's /health stays 200; request_retries 0, so a charged failure would be a
     failed turn: they move to B uncharged instead."""
     reg = tmp_path / "registry"
     reg.mkdir()
@@ -128,7 +128,7 @@ def test_a_withdrawn_server_is_drained_without_failing_its_turns(tmp_path, answe
             _announce(reg, "a", a.url)
             _announce(reg, "b", b.url)
             timeout = "generate.request_timeout_s=" + ("10" if in_flight == "fail" else "120")
-            _, prompts = run_registry(reg, 8, timeout, "generate.max_unit_retries=0")
+            _, prompts = run_registry(reg, 8, timeout, "generate.request_retries=0")
     finally:
         logging.getLogger(client.__name__).removeHandler(handler)
     assert a.received == 3, "A got a request after its file was removed (or not the two the test needs)"
@@ -162,8 +162,6 @@ def test_registry_reads_urls_refuses_bad_entries_once_and_computes_changes(tmp_p
 
 
 def test_server_registry_and_server_urls_are_one_or_the_other():
-    params = load_params(
-        REPO / "params.yaml", ["generate.server_registry=/shared/reg", "generate.server_urls=[http://n1:8000/v1]"]
-    )
+    params = repo_params(["generate.server_registry=/shared/reg", "generate.server_urls=[http://n1:8000/v1]"])
     with pytest.raises(ParamsError, match=r"^generate\.server_registry: set it or generate\.server_urls"):
         check_generate(params)

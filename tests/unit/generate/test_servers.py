@@ -18,10 +18,12 @@ from dflash.core import concurrency
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import list_shards, read_arrow, write_json
 from dflash.core.validate import check_generate
-from dflash.generate import client, servers
+from dflash.generate import servers
+from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
-from dflash.generate.stage import make_units
-from tests.helpers import fake_worker_config, repo_params
+from dflash.generate.units import make_units
+from tests.helpers import repo_params
+from tests.helpers.generate import fake_worker_config
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "OK."}
@@ -72,12 +74,14 @@ def test_max_num_seqs_auto_resolution(tmp_path):
 
 def test_plan_models_the_chosen_level(tmp_path):
     from dflash.plan.estimate import planned_max_num_seqs
+    from dflash.plan.inputs import resolve_paths
 
     pilot = tmp_path / "pilot.json"
     p = _params("generate.max_num_seqs=auto", f"plan.pilot_json={pilot}")
-    assert planned_max_num_seqs(p)[0] == 64  # no sweep yet: the largest level
+    paths = resolve_paths(p.plan, p.base)
+    assert planned_max_num_seqs(p, paths)[0] == 64  # no sweep yet: the largest level
     write_json(pilot, {"chosen_max_num_seqs": 16})
-    assert planned_max_num_seqs(p) == (16, f"{pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)")
+    assert planned_max_num_seqs(p, paths) == (16, f"{pilot} chosen_max_num_seqs (generate.max_num_seqs: auto)")
 
 
 @pytest.mark.parametrize(
@@ -206,7 +210,16 @@ def fake_run(tmp_path, qwen_tokenizer, monkeypatch):
         g = _params("generate.max_num_seqs=2", "generate.unit_size=2", "generate.request_timeout_s=5", *overrides)
         cfg = fake_worker_config(tmp_path, g.generate)
         units = make_units(convs, 2)
-        d = client.ServersDispatcher(units, cfg, g.generate, urls, "m", qwen_tokenizer, count_prompts(convs), 0)
+        d = client.ServersDispatcher(
+            units,
+            cfg,
+            g.generate,
+            urls=urls,
+            model="m",
+            tokenizer=qwen_tokenizer,
+            total_prompts=count_prompts(convs),
+            done=0,
+        )
         result = d.run()
         rows = [r for s in list_shards(tmp_path, "unit-*.arrow") for r in read_arrow(s).to_pylist()]
         return result, rows, units
@@ -237,16 +250,16 @@ def test_fake_server_all_prompts_once_multi_turn_in_order(fake_run, qwen_tokeniz
 def test_failed_requests_are_retried(fake_run, qwen_tokenizer, how):
     srv = FakeServer(_answer(qwen_tokenizer))
     srv.failures = [how] * 3  # three failures, spread over whichever requests come first
-    result, rows, _ = fake_run([srv.url], "generate.max_unit_retries=3")
+    result, rows, _ = fake_run([srv.url], "generate.request_retries=3")
     assert not result.failed_units and len(rows) == 8
     assert len({r["sample_id"] for r in rows}) == 8
     srv.stop()
 
 
-def test_a_request_failing_past_max_unit_retries_is_a_failed_turn(fake_run, qwen_tokenizer):
+def test_a_request_failing_past_request_retries_is_a_failed_turn(fake_run, qwen_tokenizer):
     srv = FakeServer(_answer(qwen_tokenizer))
     srv.failures = ["500"] * 2  # max_num_seqs=2: the first two requests, c0:0 and c1:0 of unit 0, fail
-    result, rows, units = fake_run([srv.url], "generate.max_unit_retries=0")
+    result, rows, units = fake_run([srv.url], "generate.request_retries=0")
     assert not result.failed_units and sorted(t["sample_id"] for t in result.failed_turns) == ["c0:0", "c1:0"]
     assert all("HTTP 500" in t["error"] for t in result.failed_turns)
     status = {r["sample_id"]: (r["status"], r["skip_reason"]) for r in rows}
@@ -258,7 +271,7 @@ def test_a_request_failing_past_max_unit_retries_is_a_failed_turn(fake_run, qwen
 def test_a_dead_server_is_marked_down_and_its_requests_move(fake_run, qwen_tokenizer):
     alive, dead = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
     dead.stop()  # connection refused from the start
-    result, rows, _ = fake_run([dead.url, alive.url], "generate.max_unit_retries=0")
+    result, rows, _ = fake_run([dead.url, alive.url], "generate.request_retries=0")
     assert not result.failed_units and len(rows) == 8  # refused requests do not count as attempts
     assert result.per_engine[0].prompts == 0 and result.per_engine[1].prompts == 8
     alive.stop()
@@ -272,7 +285,7 @@ def test_a_down_server_that_answers_again_is_used_again(fake_run, qwen_tokenizer
     sick, slow = FakeServer(_answer(qwen_tokenizer)), FakeServer(_answer(qwen_tokenizer))
     sick.sick, sick.sick_health_checks = True, 2
     slow.hold = lambda: len(sick.seen) >= 2  # the probe's completion, then one of the run's
-    result, rows, _ = fake_run([sick.url, slow.url], "generate.max_unit_retries=0", "generate.request_timeout_s=120")
+    result, rows, _ = fake_run([sick.url, slow.url], "generate.request_retries=0", "generate.request_timeout_s=120")
     assert sick.sick_completions >= 1, "sick was never asked while it was down: the test proves nothing"
     assert not result.failed_units and not result.failed_turns
     assert len(rows) == 8 and len({r["sample_id"] for r in rows}) == 8
@@ -313,11 +326,10 @@ def test_request_body_carries_the_engines_sampling():
     assert body["stop"] == ["END"]
 
 
-def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root, monkeypatch):
+def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root):
     from dflash.core.target_config import target_signature
     from dflash.plan import estimate, report
 
-    monkeypatch.chdir(repo_root)
     reports = tmp_path / "reports"
     sweep = [{"max_num_seqs": n, "output_tokens_per_s": r} for n, r in ((8, 700.0), (32, 1900.0), (128, 1950.0))]
     pilot = {"output_tokens_per_s": 5000.0, "mean_output_tokens": 1500.0, "num_engines": 4, "sweep": sweep}
@@ -327,9 +339,10 @@ def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root
     p = repo_params(overrides, ["params/gpu-qwen3.6-27b.yaml"])
     # another target's knee is ignored: the largest sweep level, as before any sweep
     assert estimate.make_plan(p)["generation"]["memory"]["batch"] == max(p.generate.pilot_sweep)
-    overlay_sig = target_signature("params/targets/qwen3.6-27b.config.json")
+    overlay_sig = target_signature(repo_root / "params/targets/qwen3.6-27b.config.json")
     write_json(reports / "pilot.json", pilot | {"target_signature": overlay_sig})
-    result = estimate.make_plan(p)
+    built = estimate.build_plan(p)
+    result = built.to_json()
     gen = result["generation"]
     assert pilot["chosen_max_num_seqs"] == 32 and gen["memory"]["batch"] == 32
     pl = gen["pilot"]
@@ -338,4 +351,4 @@ def test_plan_eta_uses_the_rate_measured_at_the_chosen_level(tmp_path, repo_root
     assert gen["wall_hours"]["mid"] == pytest.approx(gen["output_tokens"] / (1900.0 * engines) / 3600)
     assert [r["max_num_seqs"] for r in pl["sweep_vs_model"]] == [8, 32, 128]
     assert all(r["model"] > 0 for r in pl["sweep_vs_model"])
-    assert "Pilot sweep (one engine; chosen max_num_seqs 32)" in report.render_markdown(result)
+    assert "Pilot sweep (one engine; chosen max_num_seqs 32)" in report.render_markdown(built)

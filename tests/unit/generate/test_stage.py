@@ -10,7 +10,9 @@ import pytest
 from dflash.core.errors import UserError
 from dflash.generate import contract
 from dflash.generate import stage as gen
-from tests.helpers import repo_params, write_conversations
+from dflash.generate.units import make_units, run_identity
+from tests.helpers import repo_params
+from tests.helpers.inputs import write_conversations
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "OK."}
@@ -49,9 +51,9 @@ def test_request_seed_is_stable_and_distinct():
 
 def test_unit_names_follow_their_members():
     convs = [{"conversation_id": f"c{i}", "messages": [U], "tools": None} for i in range(10)]
-    a = gen.make_units(convs, 4)
+    a = make_units(convs, 4)
     changed = convs[:5] + [{"conversation_id": "new", "messages": [U], "tools": None}] + convs[6:]
-    b = gen.make_units(changed, 4)
+    b = make_units(changed, 4)
     assert [u.name for u in a][0] == [u.name for u in b][0]  # untouched unit: reused on resume
     assert a[1].name != b[1].name  # a changed member: never reuses the stale shard
     assert a[2].name == b[2].name
@@ -80,7 +82,7 @@ def test_run_identity_changes_with_outputs_not_with_engine_sizing(tmp_path):
     info = {"source": "tiny", "model": str(tmp_path)}
 
     def ident(*overrides):
-        return gen.run_identity(repo_params(list(overrides)), info, tmp_path)
+        return run_identity(repo_params(list(overrides)), info, tmp_path)
 
     base = ident()
     assert ident("generate.num_engines=4", "generate.max_num_seqs=8") == base

@@ -20,28 +20,13 @@ from dflash.plan import deadline as plan_deadline
 from dflash.plan import estimate as plan
 from dflash.plan import report as plan_report
 from stages import plan as plan_stage
-from tests.helpers import repo_params
+from tests.helpers import plan_params
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
 
 
-@pytest.fixture(autouse=True)
-def _in_repo(repo_root, monkeypatch):
-    monkeypatch.chdir(repo_root)  # params name repo-relative files (params/hardware.yaml, params/targets/...)
-
-
-def _params(tmp_path: Path, *overrides: str):
-    isolate = [
-        f"base.reports_dir={tmp_path / 'reports'}",
-        "plan.audit_json=",
-        "plan.tokenize_json=",
-        "plan.pilot_json=",
-    ]
-    return repo_params([*isolate, *overrides], [OVERLAY])
-
-
 def _deadline(tmp_path: Path, *overrides: str) -> dict:
-    return plan.make_plan(_params(tmp_path, *overrides))["deadline"]
+    return plan.make_plan(plan_params(tmp_path / "reports", *overrides))["deadline"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +47,7 @@ def test_cluster_sizes_fill_one_node_then_whole_nodes():
 
 
 def test_the_plans_allreduce_is_the_hand_formula(tmp_path):
-    result = plan.make_plan(_params(tmp_path, "plan.deadline_hours=72"))
+    result = plan.make_plan(plan_params(tmp_path / "reports", "plan.deadline_hours=72"))
     d, c = result["deadline"], result["deadline"]["chosen"]
     grad_bytes = result["drafter"]["params"]["total"] * 4  # fp32 gradients
     assert d["grad_gb_per_step"] == pytest.approx(grad_bytes / 1e9)
@@ -88,7 +73,7 @@ def test_27b_in_three_days_needs_many_nodes(tmp_path, capsys):
     code = 0
     try:
         argv = ["--overlay", OVERLAY, "-S", "plan.deadline_hours=72", "-S", f"base.reports_dir={tmp_path}"]
-        cli.run(plan_stage.main, "plan", argv + ["-S", "plan.audit_json=", "-S", "plan.tokenize_json="])
+        cli.run(plan_stage.main, "plan", argv + ["-S", "plan.audit_json=", "-S", "plan.tokenize_json="], with_args=True)
     except SystemExit as exc:
         code = exc.code
     out = capsys.readouterr().out
@@ -119,7 +104,7 @@ def test_met_at_the_chosen_size_and_not_one_size_smaller(tmp_path):
 
 
 def test_hours_equal_the_plans_own_generation_and_layout_estimates(tmp_path):
-    result = plan.make_plan(_params(tmp_path, "plan.deadline_hours=72", "plan.gpu_counts=[4, 8, 64]"))
+    result = plan.make_plan(plan_params(tmp_path / "reports", "plan.deadline_hours=72", "plan.gpu_counts=[4, 8, 64]"))
     curve = {r["gpus"]: r for r in result["deadline"]["curve"]}
     for row in result["scaling"]:  # the time-vs-GPUs table: same generation model, same layout scaling
         assert curve[row["gpus"]]["generation_hours"] == pytest.approx(row["generation_hours"])
@@ -132,7 +117,9 @@ def test_hours_equal_the_plans_own_generation_and_layout_estimates(tmp_path):
 def test_same_memory_verdict_as_the_layout_table(tmp_path):
     d = _deadline(tmp_path, "plan.deadline_hours=72")
     g = d["gpus"]
-    same = plan.make_plan(_params(tmp_path, f"plan.num_gpus={g}", f"plan.train_assumptions.split_target_gpus={g // 2}"))
+    same = plan.make_plan(
+        plan_params(tmp_path / "reports", f"plan.num_gpus={g}", f"plan.train_assumptions.split_target_gpus={g // 2}")
+    )
     head = same["training"]["headline"]
     assert d["chosen"]["need_gb"] == {role: c["need_gb"] for role, c in head["per_gpu"].items()}
     assert d["chosen"]["margin_gb"] == pytest.approx(head["margin_gb"]) and d["chosen"]["fits"] == head["fits"]
@@ -156,13 +143,14 @@ def test_more_gpus_never_slower_at_the_shipped_bandwidths(tmp_path):
 
 
 def test_slow_internode_link_dominates_and_the_plan_says_so(tmp_path):
-    result = plan.make_plan(_params(tmp_path, "plan.deadline_hours=72", "plan.internode_gbps=0.5"))
+    built = plan.build_plan(plan_params(tmp_path / "reports", "plan.deadline_hours=72", "plan.internode_gbps=0.5"))
+    result = built.to_json()
     d = result["deadline"]
     slower = d["communication_dominates"]
     assert slower and (slower[0]["from_gpus"], slower[0]["to_gpus"]) == (4, 8)  # leaving the node: PCIe -> 0.5 GB/s
     assert slower[0]["to_train_hours"] > slower[0]["from_train_hours"] and slower[0]["link_gbps"] == 0.5
     assert result["summary"]["deadline"]["communication_dominates"] is True
-    md = plan_report.render_markdown(result)
+    md = plan_report.render_markdown(built)
     assert "Communication dominates from 4 to 8 GPUs" in md
     # unchanged compute: the slowdown is the all-reduce alone
     fast = _deadline(tmp_path, "plan.deadline_hours=72")
@@ -183,12 +171,13 @@ def test_slower_steps_flags_every_rise():
 
 
 def test_unreachable_deadline_says_so_with_the_best_hours(tmp_path):
-    result = plan.make_plan(_params(tmp_path, "plan.deadline_hours=1"))
+    built = plan.build_plan(plan_params(tmp_path / "reports", "plan.deadline_hours=1"))
+    result = built.to_json()
     d = result["deadline"]
     assert not d["met"] and d["gpus"] == plan_deadline.MAX_GPUS
     assert d["total_hours"] == d["best_hours"] > 1
     assert result["summary"]["deadline"]["met"] is False
-    assert "**NOT MET** by any cluster of up to 1024 GPUs" in plan_report.render_markdown(result)
+    assert "**NOT MET** by any cluster of up to 1024 GPUs" in plan_report.render_markdown(built)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,11 +186,12 @@ def test_unreachable_deadline_says_so_with_the_best_hours(tmp_path):
 
 
 def test_deadline_zero_means_no_deadline_key(tmp_path):
-    result = plan.make_plan(_params(tmp_path))
+    built = plan.build_plan(plan_params(tmp_path / "reports"))
+    result = built.to_json()
     assert "deadline" not in result["summary"] and result["deadline"] is None
-    assert "## Deadline" not in plan_report.render_markdown(result)
+    assert "## Deadline" not in plan_report.render_markdown(built)
     assert not any(a.startswith("Deadline:") for a in result["assumptions"])
-    on = plan.make_plan(_params(tmp_path, "plan.deadline_hours=72"))
+    on = plan.make_plan(plan_params(tmp_path / "reports", "plan.deadline_hours=72"))
     assert any(a.startswith("Deadline:") for a in on["assumptions"])
 
 
@@ -216,10 +206,11 @@ def test_deadline_zero_means_no_deadline_key(tmp_path):
 )
 def test_bad_deadline_params_are_refused(tmp_path, capsys, override, message):
     with pytest.raises(ParamsError, match=re.escape(message)):
-        plan.make_plan(_params(tmp_path, override))
+        plan.make_plan(plan_params(tmp_path / "reports", override))
     code = 0
     try:
-        cli.run(plan_stage.main, "plan", ["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", override])
+        argv = ["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", override]
+        cli.run(plan_stage.main, "plan", argv, with_args=True)
     except SystemExit as exc:
         code = exc.code
     err = capsys.readouterr().err
@@ -230,5 +221,7 @@ def test_bad_deadline_params_are_refused(tmp_path, capsys, override, message):
 def test_an_engine_wider_than_a_node_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"plan.gpus_per_node: 4 GPUs cannot hold one engine of generate"):
         plan.make_plan(
-            _params(tmp_path, "plan.deadline_hours=72", "plan.num_gpus=8", "generate.tensor_parallel_size=8")
+            plan_params(
+                tmp_path / "reports", "plan.deadline_hours=72", "plan.num_gpus=8", "generate.tensor_parallel_size=8"
+            )
         )

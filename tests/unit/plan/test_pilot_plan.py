@@ -14,25 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from dflash.core.loader import load_params
 from dflash.core.target_config import target_signature
 from dflash.plan import estimate, report
-from dflash.plan.generation import drain_step_cost, drained_seconds, steady_rate
-from dflash.plan.published import check_runs
+from dflash.plan.generation_pilot import drain_step_cost, drained_seconds, steady_rate
+from dflash.plan.published import PublishedRuns, check_runs
+from tests.helpers import PARAMS, REPO, plan_params, repo_params
 
-OVERLAY = "params/gpu-qwen3.6-27b.yaml"
-SIGNATURE = target_signature("params/targets/qwen3.6-27b.config.json")
+SIGNATURE = target_signature(REPO / "params/targets/qwen3.6-27b.config.json")
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-
-
-@pytest.fixture(autouse=True)
-def _in_repo(repo_root, monkeypatch):
-    monkeypatch.chdir(repo_root)
-
-
-def _params(reports: Path, *overrides: str):
-    isolate = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
-    return load_params("params.yaml", [*isolate, *overrides], [OVERLAY])
 
 
 def _write(reports: Path, name: str, headline: dict, details: dict | None = None) -> None:
@@ -77,9 +66,9 @@ def test_the_plan_uses_the_pilots_epoch_step_time_and_keeps_the_targets_measured
     reports = tmp_path / "reports"
     dp = "plan.train_assumptions.layout=data_parallel"
     _train_pilot(reports)
-    plain = estimate.build_plan(_params(reports, dp)).training
+    plain = estimate.build_plan(plan_params(reports, dp)).training
     _train_pilot(reports, epoch_step_seconds=1.5)
-    mixed = estimate.build_plan(_params(reports, dp)).training
+    mixed = estimate.build_plan(plan_params(reports, dp)).training
     assert mixed.headline.total_hours == pytest.approx(plain.headline.total_hours * 1.5 / 1.9)
     assert mixed.target_seconds_per_sequence == pytest.approx(plain.target_seconds_per_sequence)  # 0.4 x 1.9 s
     assert mixed.drafter_seconds_per_sequence == pytest.approx(
@@ -90,14 +79,14 @@ def test_the_plan_uses_the_pilots_epoch_step_time_and_keeps_the_targets_measured
 def test_training_eta_uses_the_pilot_when_present_and_the_model_when_not(tmp_path):
     reports = tmp_path / "reports"
     dp = "plan.train_assumptions.layout=data_parallel"
-    model = estimate.build_plan(_params(reports, dp))
+    model = estimate.build_plan(plan_params(reports, dp))
     assert model.training.source == "model" and model.summary["train_source"] == "model"
-    flops = model.training.flops_per_sequence["total"]
+    flops = model.training.flops_per_sequence.total
     peak = 503.8e12  # the rtx-pro-6000 profile's bf16 peak
     assert model.training.seconds_per_sequence_one_gpu == pytest.approx(flops / (peak * 0.35), rel=0.05)
 
     _train_pilot(reports)
-    measured = estimate.build_plan(_params(reports, dp))
+    measured = estimate.build_plan(plan_params(reports, dp))
     tr = measured.training
     assert tr.source == "pilot" and measured.summary["train_source"] == "pilot"
     samples, epochs, gpus = measured.dataset.train_samples, 6, 4
@@ -113,14 +102,14 @@ def test_training_eta_uses_the_pilot_when_present_and_the_model_when_not(tmp_pat
         implied
     )
     assert tr.pilot.memory_fits and tr.pilot.memory_margin_gb == pytest.approx(95.6 - 71.5)
-    md = report.render_markdown(measured.to_json())
+    md = report.render_markdown(measured)
     assert "### Training pilot: model vs measured" in md and "71.5 GB (anchors rows, split)" in md
     assert f"{implied:.3g} implied" in md and "0.35 assumed" in md
 
     # the deadline sizes the cluster with the pilot's step times too
-    dl = estimate.build_plan(_params(reports, "plan.deadline_hours=200"))
+    dl = estimate.build_plan(plan_params(reports, "plan.deadline_hours=200"))
     assert dl.deadline.train_source == "pilot"
-    no_pilot = estimate.build_plan(_params(tmp_path / "empty", "plan.deadline_hours=200"))
+    no_pilot = estimate.build_plan(plan_params(tmp_path / "empty", "plan.deadline_hours=200"))
     assert (
         no_pilot.deadline.train_source == "model"
         and dl.deadline.chosen.train_hours != no_pilot.deadline.chosen.train_hours
@@ -138,9 +127,9 @@ def test_training_eta_uses_the_pilot_when_present_and_the_model_when_not(tmp_pat
 def test_a_pilot_that_cannot_stand_in_is_set_aside_and_said_so(tmp_path, change, why):
     reports = tmp_path / "reports"
     _train_pilot(reports, **change)
-    result = estimate.build_plan(_params(reports))
+    result = estimate.build_plan(plan_params(reports))
     assert result.training.source == "model"
-    assert why in result.inputs["ignored"][str(reports / "train_pilot.json")]
+    assert why in result.inputs.ignored[str(reports / "train_pilot.json")]
 
 
 # ------------------------------------------------------------------------------------------ calibration
@@ -162,7 +151,9 @@ def _ran(reports: Path) -> None:
             "steps": 2_700_000,
             "tokens_per_s": 4000.0,
             "wall_seconds": 2.5e6,
-            "drafter_params": estimate.make_plan(_params(reports))["summary"]["drafter_params"],  # this plan's drafter
+            "drafter_params": estimate.make_plan(plan_params(reports))["summary"][
+                "drafter_params"
+            ],  # this plan's drafter
         },
         {"world_size": 2, "device": "cuda:1"},
     )
@@ -170,10 +161,10 @@ def _ran(reports: Path) -> None:
 
 def test_calibration_sets_planned_beside_measured(tmp_path):
     reports = tmp_path / "reports"
-    assert "calibration" not in estimate.make_plan(_params(reports))["summary"]  # nothing ran yet: nothing to hold
+    assert "calibration" not in estimate.make_plan(plan_params(reports))["summary"]  # nothing ran yet: nothing to hold
     _ran(reports)
     _train_pilot(reports)
-    result = estimate.build_plan(_params(reports))
+    result = estimate.build_plan(plan_params(reports))
     cal = {c.stage: c for c in result.calibration}
     gen, tr = cal["generate"], cal["train"]
     assert gen.planned_from == "model" and gen.pilot_s is None  # no generate pilot: the model
@@ -184,7 +175,7 @@ def test_calibration_sets_planned_beside_measured(tmp_path):
     assert tr.model_error == pytest.approx(tr.model_s / 2.5e6 - 1)
     summary = json.loads(json.dumps(result.summary))
     assert summary["calibration"]["train"] == {"planned_s": tr.planned_s, "measured_s": 2.5e6, "error": tr.error}
-    md = report.render_markdown(result.to_json())
+    md = report.render_markdown(result)
     assert "## How good was this plan (calibration)" in md and f"{tr.error:+.0%}" in md
 
 
@@ -197,12 +188,12 @@ def test_calibration_of_a_resumed_run_counts_every_step_not_the_last_invocation(
     train = json.loads((reports / "train.json").read_text())
     details = {"world_size": 2, "device": "cuda:1", "resumed": True}
     _write(reports, "train", train | {"wall_seconds": 0.003, "steps_seconds": 2.4e6}, details)
-    (tr,) = [c for c in estimate.build_plan(_params(reports)).calibration if c.stage == "train"]
+    (tr,) = [c for c in estimate.build_plan(plan_params(reports)).calibration if c.stage == "train"]
     assert tr.measured_s == 2.4e6 and tr.error == pytest.approx(tr.planned_s / 2.4e6 - 1)
     _write(reports, "train", train | {"wall_seconds": 0.003}, details)  # an older report: no steps_seconds
-    result = estimate.build_plan(_params(reports))
+    result = estimate.build_plan(plan_params(reports))
     assert [c.stage for c in result.calibration] == ["generate"]
-    assert "resumed run" in result.inputs["ignored"][str(reports / "train.json")]
+    assert "resumed run" in result.inputs.ignored[str(reports / "train.json")]
 
 
 def test_calibration_ignores_another_runs_reports(tmp_path):
@@ -213,9 +204,9 @@ def test_calibration_ignores_another_runs_reports(tmp_path):
     )
     generate = json.loads((reports / "generate.json").read_text()) | {"target_signature": "Tiny/layers=4"}
     (reports / "generate.json").write_text(json.dumps(generate))
-    result = estimate.build_plan(_params(reports))
+    result = estimate.build_plan(plan_params(reports))
     assert result.calibration == []
-    ignored = result.inputs["ignored"]
+    ignored = result.inputs.ignored
     assert "984192 parameters" in ignored[str(reports / "train.json")] and str(reports / "generate.json") in ignored
 
 
@@ -243,11 +234,11 @@ def test_a_pilot_the_size_of_the_run_predicts_its_own_wall():
     """steady_rate takes the pilot's drain out, drained_seconds adds one back: a run of the pilot's own size gets the
     pilot's own time, a larger run a higher rate (its drain is a smaller share)."""
     prompts, mean, c, tail, rate = 175, 46.85, 64, 128, 774.0
-    steady = steady_rate(rate, prompts, mean, c, tail)
+    steady = steady_rate(rate, prompts, mean, concurrency=c, tail_tokens=tail)
     assert steady > rate
-    assert drained_seconds(prompts * mean, 1, c, steady, tail) == pytest.approx(prompts * mean / rate)
+    assert drained_seconds(prompts * mean, 1, c, rate=steady, tail_tokens=tail) == pytest.approx(prompts * mean / rate)
     big = 10 * prompts * mean
-    assert big / drained_seconds(big, 1, c, steady, tail) > rate
+    assert big / drained_seconds(big, 1, c, rate=steady, tail_tokens=tail) > rate
 
 
 def test_the_pilot_runs_own_rate_wins_at_its_concurrency_and_drains(tmp_path):
@@ -257,13 +248,13 @@ def test_the_pilot_runs_own_rate_wins_at_its_concurrency_and_drains(tmp_path):
     pilot |= {"sweep": sweep, "chosen_max_num_seqs": 32, "target_signature": SIGNATURE}
     details = {"max_num_seqs": 32, "backend": "engines", "p99_output_tokens": 9000.0, "full_run_prompts": 950000}
     _write(reports, "pilot", pilot, details)
-    gen = estimate.build_plan(_params(reports)).generation
+    gen = estimate.build_plan(plan_params(reports)).generation
     drain = 9000.0 * drain_step_cost(sweep, 32)  # p99 steps, each at the sweep's mean drain cost (0.85 here)
     assert 0.8 < drain / 9000.0 < 0.9 and gen.pilot.drain_tokens == pytest.approx(drain)
-    steady = steady_rate(1500.0, 128, 1500.0, 32, drain)
+    steady = steady_rate(1500.0, 128, 1500.0, concurrency=32, tail_tokens=drain)
     assert gen.pilot.measured_per_engine == pytest.approx(steady) and "steady once its drain" in gen.pilot.rate_source
     assert gen.output_tokens == pytest.approx(950000 * 1500.0)  # the full run's turns, from the pilot's details
-    hours = drained_seconds(950000 * 1500.0, 4, 32, steady, drain) / 3600
+    hours = drained_seconds(950000 * 1500.0, 4, 32, rate=steady, tail_tokens=drain) / 3600
     assert gen.wall_hours.mid == pytest.approx(hours)
 
 
@@ -271,19 +262,18 @@ def test_the_pilot_runs_own_rate_wins_at_its_concurrency_and_drains(tmp_path):
 
 
 def test_published_runs_state_the_models_error(tmp_path):
-    checks = {c.key: c for c in check_runs()}
+    published = PublishedRuns.beside(PARAMS)
+    checks = {c.key: c for c in check_runs(published)}
     b200, rtx = checks["b200x7-regeneration"], checks["rtx-pro-6000x4-regeneration"]
     assert (b200.value, b200.unit, rtx.value) == (17.45, "h", 400.0)
     # the model of the same setup, planned independently through the stage's own path (no measurement files)
-    p = load_params(
-        "params.yaml", [f"base.reports_dir={tmp_path}"], ["params/published/b200x7-qwen3.6-27b-regeneration.yaml"]
-    )
+    p = repo_params([f"base.reports_dir={tmp_path}"], ["params/published/b200x7-qwen3.6-27b-regeneration.yaml"])
     hours = estimate.build_plan(p).generation.model_wall_hours.mid
     assert b200.model == pytest.approx(hours) and b200.error == pytest.approx(hours / 17.45 - 1)
     assert b200.optimistic == (hours < 17.45) and rtx.optimistic == (rtx.model > 400)
     assert not math.isclose(b200.error, 0.0, abs_tol=0.01)
     # a published run sizes its KV cache as the GPU run did (the share), never with params.yaml's CPU size
     assert p.generate.kv_cache_memory_gb == 0
-    text = " ".join(estimate.build_plan(_params(tmp_path)).assumptions)
+    text = " ".join(estimate.build_plan(plan_params(tmp_path), published=published).assumptions)
     assert f"model {b200.model:,.4g} vs measured 17.45 h ({b200.error:+.0%}" in text
     assert "scheduling" in text and "long tail of thinking outputs" in text

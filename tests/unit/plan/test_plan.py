@@ -16,32 +16,19 @@ from dflash.plan import estimate as plan
 from dflash.plan import generation as plan_generation
 from dflash.plan import inputs as plan_inputs
 from dflash.plan import report as plan_report
-from dflash.plan import sizing
-from dflash.plan import training as plan_training
+from dflash.plan import sizing, training_costs
 from stages import plan as plan_stage
-from tests.helpers import repo_params
+from tests.helpers import plan_params, repo_params
 
 OVERLAY = "params/gpu-qwen3.6-27b.yaml"
 OVERLAY_TARGET_CONFIG = "params/targets/qwen3.6-27b.config.json"
 QWEN36 = "params/targets/qwen3.6-27b.config.json"
 
 
-@pytest.fixture(autouse=True)
-def _in_repo(repo_root, monkeypatch):
-    monkeypatch.chdir(repo_root)  # params name repo-relative files (params/hardware.yaml, params/targets/...)
-
-
-def _params(tmp_path: Path, *overrides: str, overlay: bool = True):
-    reports = tmp_path / "reports"
-    # Every metrics file the plan reads comes from this test's own reports folder.
-    isolate = [f"base.reports_dir={reports}", "plan.audit_json=", "plan.tokenize_json=", "plan.pilot_json="]
-    return repo_params([*isolate, *overrides], [OVERLAY] if overlay else [])
-
-
 def _run_stage(argv: list[str], capsys) -> tuple[int, str, str]:
     code = 0
     try:
-        cli.run(plan_stage.main, "plan", argv)
+        cli.run(plan_stage.main, "plan", argv, with_args=True)
     except SystemExit as exc:
         code = exc.code
     out = capsys.readouterr()
@@ -80,16 +67,16 @@ def test_seed_generation_wall_time():
 def test_seed_headroom_and_the_real_config(tmp_path):
     assert plan_generation.headroom_bytes(96e9, 54e9) == pytest.approx(42e9)
     # the shipped Qwen3.6-27B config gives the case's 54 GB and 42 GB on the 96 GB card
-    result = plan.make_plan(_params(tmp_path))
+    result = plan.make_plan(plan_params(tmp_path / "reports"))
     assert result["generation"]["weights_gb"] == pytest.approx(54.0, abs=0.3)
     assert result["generation"]["memory"]["headroom_gb_full_card"] == pytest.approx(42.0, abs=0.3)
 
 
 def test_seed_drafter_parameter_count(tmp_path):
     """The overlay's DFlash2 is the z-lab DFlash body (~1.73 B, 3.46 GB bf16) plus its convs and selector."""
-    body = plan.make_plan(_params(tmp_path, "drafter.kind=dflash"))["drafter"]["params"]["total"]
+    body = plan.make_plan(plan_params(tmp_path / "reports", "drafter.kind=dflash"))["drafter"]["params"]["total"]
     assert body == pytest.approx(1.73e9, rel=0.003)
-    result = plan.make_plan(_params(tmp_path))
+    result = plan.make_plan(plan_params(tmp_path / "reports"))
     assert result["drafter"]["params"]["total"] > body
 
 
@@ -158,7 +145,9 @@ def test_drafter_count_matches_qwen3_layers(tmp_path):
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
-    p = _params(tmp_path, "drafter.kind=dflash")  # the DFlash body; the successors' heads: tests/unit/drafter
+    p = plan_params(
+        tmp_path / "reports", "drafter.kind=dflash"
+    )  # the DFlash body; the successors' heads: tests/unit/drafter
     d = p.drafter
     cfg = Qwen3Config(
         hidden_size=5120,
@@ -203,32 +192,42 @@ def test_fp8_shrinks_matmul_weights_only():
 
 
 def test_decode_roofline_rises_with_batch_until_compute_binds(tmp_path):
-    p = _params(tmp_path)
+    p = plan_params(tmp_path / "reports")
     t = target_config.parse_target_config(json.loads(Path(QWEN36).read_text()), QWEN36)
     hw = plan_inputs.select_gpu(plan_inputs.load_hardware("params/hardware.yaml"), "rtx-pro-6000", "hw")
     read = sizing.target_weight_bytes(t, "bf16")["read_per_step"]
-    steps = [plan_generation.decode_step(t, hw, plan.generation_settings(p), read, b, 2000, 1) for b in (1, 8, 64)]
+    gs = plan.generation_settings(p, plan_inputs.resolve_paths(p.plan, p.base))
+    steps = [
+        plan_generation.decode_step(t, hw, gs, weight_read_bytes=read, batch=b, context=2000, tp=1) for b in (1, 8, 64)
+    ]
     assert steps[0].tokens_per_s < steps[1].tokens_per_s < steps[2].tokens_per_s
     assert steps[0].bound == "bandwidth"
     fast_memory = replace(hw, bandwidth_tbps=1e4)
     assert (
-        plan_generation.decode_step(t, fast_memory, plan.generation_settings(p), read, 64, 2000, 1).bound == "compute"
+        plan_generation.decode_step(t, fast_memory, gs, weight_read_bytes=read, batch=64, context=2000, tp=1).bound
+        == "compute"
     )
 
 
 def test_training_memory_verdict_flips(tmp_path):
-    result = plan.make_plan(_params(tmp_path, "plan.train_assumptions.layout=data_parallel"))
+    result = plan.make_plan(plan_params(tmp_path / "reports", "plan.train_assumptions.layout=data_parallel"))
     lay = result["training"]["headline"]
     assert lay["fits"]
     need = lay["per_gpu"]["gpu"]["need_gb"]
     small = _hardware_file(tmp_path, memory_gb=need - 0.5)
     big = _hardware_file(tmp_path, memory_gb=need + 0.5)
     base = ["plan.train_assumptions.layout=data_parallel"]
-    assert not plan.make_plan(_params(tmp_path, *base, f"plan.hardware_file={small}"))["training"]["headline"]["fits"]
-    assert plan.make_plan(_params(tmp_path, *base, f"plan.hardware_file={big}"))["training"]["headline"]["fits"]
+    assert not plan.make_plan(plan_params(tmp_path / "reports", *base, f"plan.hardware_file={small}"))["training"][
+        "headline"
+    ]["fits"]
+    assert plan.make_plan(plan_params(tmp_path / "reports", *base, f"plan.hardware_file={big}"))["training"][
+        "headline"
+    ]["fits"]
     # growing the batch grows activations until the same card no longer fits
     verdicts = [
-        plan.make_plan(_params(tmp_path, *base, f"train.batch_size={b}"))["training"]["headline"]["fits"]
+        plan.make_plan(plan_params(tmp_path / "reports", *base, f"train.batch_size={b}"))["training"]["headline"][
+            "fits"
+        ]
         for b in (1, 2, 4)
     ]
     assert verdicts[0] and not verdicts[-1]
@@ -242,8 +241,10 @@ def test_target_loss_targets_cost_the_target_head_and_its_full_depth(tmp_path):
     the final hidden states grow the drafter GPU's memory (KL most)."""
     runs = {
         # DFlash: the successors' heads read the target's distribution whatever the loss target
-        lt: plan.make_plan(_params(tmp_path, "drafter.kind=dflash", f"train.loss_target={lt}"))["training"]
-        for lt in plan_training.LOGITS_BYTES
+        lt: plan.make_plan(plan_params(tmp_path / "reports", "drafter.kind=dflash", f"train.loss_target={lt}"))[
+            "training"
+        ]
+        for lt in training_costs.LOGITS_BYTES
     }
     f = {lt: r["flops_per_sequence"] for lt, r in runs.items()}
     cfg = json.loads(Path(QWEN36).read_text())["text_config"]
@@ -257,16 +258,19 @@ def test_target_loss_targets_cost_the_target_head_and_its_full_depth(tmp_path):
 
 
 def test_generation_verdict_flips_when_weights_do_not_fit(tmp_path):
-    ok = plan.make_plan(_params(tmp_path))["generation"]
+    ok = plan.make_plan(plan_params(tmp_path / "reports"))["generation"]
     assert ok["memory"]["fits"] and ok["memory"]["batch"] > 0
     small = _hardware_file(tmp_path, memory_gb=60)  # 60 x 0.9 - 3 GB reserve < 53.8 GB of weights
-    gen = plan.make_plan(_params(tmp_path, f"plan.hardware_file={small}"))["generation"]
+    gen = plan.make_plan(plan_params(tmp_path / "reports", f"plan.hardware_file={small}"))["generation"]
     assert not gen["memory"]["fits"] and gen["memory"]["batch"] == 0
     assert gen["model_tokens_per_s"] == 0 and gen["wall_hours"]["mid"] is None
-    result = plan.make_plan(_params(tmp_path, f"plan.hardware_file={small}"))
+    built = plan.build_plan(plan_params(tmp_path / "reports", f"plan.hardware_file={small}"))
+    result = built.to_json()
     json.dumps(result, allow_nan=False)  # metrics stay valid JSON (no Infinity)
-    assert "DO NOT FIT" in plan_report.render_markdown(result)
-    fp8 = plan.make_plan(_params(tmp_path, f"plan.hardware_file={small}", "plan.weight_dtype=fp8"))["generation"]
+    assert "DO NOT FIT" in plan_report.render_markdown(built)
+    fp8 = plan.make_plan(plan_params(tmp_path / "reports", f"plan.hardware_file={small}", "plan.weight_dtype=fp8"))[
+        "generation"
+    ]
     assert fp8["memory"]["fits"] and fp8["model_tokens_per_s"] > 0
 
 
@@ -284,7 +288,7 @@ def test_measurements_replace_params_and_pilot_calibrates(tmp_path):
     )
     pilot = {"output_tokens_per_s": 400.0, "mean_output_tokens": 300.0, "p90_output_tokens": 900, "num_engines": 1}
     (reports / "pilot.json").write_text(json.dumps({**pilot, "estimated_total_hours": 0.2}))
-    result = plan.make_plan(_params(tmp_path))
+    result = plan.make_plan(plan_params(tmp_path / "reports"))
     ds, gen = result["dataset"], result["generation"]
     assert (ds["num_prompts"], ds["mean_prompt_tokens"], ds["mean_output_tokens"]) == (1000, 100, 300)
     assert (ds["train_samples"], ds["seq_tokens"], ds["loss_tokens"]) == (900, 2000, pytest.approx(1666.67, abs=0.01))
@@ -401,13 +405,14 @@ def test_measurements_of_another_target_are_ignored_and_said_so(tmp_path, capsys
     reports.mkdir()
     pilot = {"output_tokens_per_s": 400.0, "mean_output_tokens": 300.0, "target_signature": "Qwen3ForCausalLM/layers=4"}
     (reports / "pilot.json").write_text(json.dumps(pilot))
-    result = plan.make_plan(_params(tmp_path))  # the overlay plans Qwen3.6-27B
+    built = plan.build_plan(plan_params(tmp_path / "reports"))  # the overlay plans Qwen3.6-27B
+    result = built.to_json()
     assert result["inputs"]["pilot_json"] is None
     assert "Qwen3ForCausalLM/layers=4" in next(iter(result["inputs"]["ignored"].values()))
-    assert "ignored:" in plan_report.render_markdown(result)
+    assert "ignored:" in plan_report.render_markdown(built)
     pilot["target_signature"] = target_signature(OVERLAY_TARGET_CONFIG)
     (reports / "pilot.json").write_text(json.dumps(pilot))
-    assert plan.make_plan(_params(tmp_path))["inputs"]["pilot_json"] is not None
+    assert plan.make_plan(plan_params(tmp_path / "reports"))["inputs"]["pilot_json"] is not None
 
 
 def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
@@ -418,7 +423,7 @@ def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
     reports.mkdir()
     audit = {"num_conversations": 364, "prompt_tokens": {"mean": 33.0}, "target_signature": "Qwen3ForCausalLM/layers=4"}
     (reports / "audit.json").write_text(json.dumps(audit))
-    params = _params(tmp_path, f"plan.audit_json={reports / 'audit.json'}")
+    params = plan_params(tmp_path / "reports", f"plan.audit_json={reports / 'audit.json'}")
     result = plan.make_plan(params)
     assert result["dataset"]["num_prompts"] == params.plan.dataset.num_prompts == 902000
     assert str(reports / "audit.json") in result["inputs"]["ignored"]
@@ -454,7 +459,7 @@ def test_the_demo_audit_does_not_size_the_27b_dataset(tmp_path):
     ],
 )
 def test_plan_refuses_bad_sizes_before_any_estimate(tmp_path, capsys, override, key, message):
-    params = _params(tmp_path, override)
+    params = plan_params(tmp_path / "reports", override)
     with pytest.raises(ParamsError, match=re.escape(f"{key}: {message}")):
         plan.make_plan(params)
     code, out, err = _run_stage(["--overlay", OVERLAY, "-S", f"base.reports_dir={tmp_path}", "-S", override], capsys)
@@ -476,7 +481,7 @@ def test_plan_refuses_bad_sizes_before_any_estimate(tmp_path, capsys, override, 
 def test_plan_refuses_the_drafter_train_refuses(tmp_path, override, message):
     """The drafter geometry (dflash/drafter/geometry.py) is the same validator train runs."""
     with pytest.raises(UserError, match=re.escape(message)):
-        plan.make_plan(_params(tmp_path, override))
+        plan.make_plan(plan_params(tmp_path / "reports", override))
 
 
 def _tiny_target_folder(tmp_path: Path, referenced: bool) -> tuple[Path, Path]:
@@ -527,12 +532,16 @@ def test_plan_checks_the_mask_token_against_the_targets_tokenizer(tmp_path, refe
     plan, reading the same tokenizer without transformers."""
     target, tok = _tiny_target_folder(tmp_path, referenced)
     overrides = [f"base.target_dir={target}", "drafter.target_layer_ids=[0, 1]"]
-    good = plan.make_plan(_params(tmp_path, *overrides, overlay=False))  # 151669 = len(tokenizer): unused
+    good = plan.make_plan(
+        plan_params(tmp_path / "reports", *overrides, overlay=False)
+    )  # 151669 = len(tokenizer): unused
     assert good["inputs"]["mask_token_checked_against"] == str(tok / "tokenizer.json")
     with pytest.raises(UserError, match=re.escape(message)):
-        plan.make_plan(_params(tmp_path, *overrides, f"drafter.mask_token_id={mask_token_id}", overlay=False))
+        plan.make_plan(
+            plan_params(tmp_path / "reports", *overrides, f"drafter.mask_token_id={mask_token_id}", overlay=False)
+        )
 
 
 def test_a_shipped_config_says_the_mask_token_was_checked_against_embedding_rows_only(tmp_path):
-    result = plan.make_plan(_params(tmp_path))
+    result = plan.make_plan(plan_params(tmp_path / "reports"))
     assert result["inputs"]["mask_token_checked_against"].startswith("the target's embedding rows only")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -13,26 +12,11 @@ from dflash.core.errors import UserError
 from dflash.plan import estimate as plan
 from dflash.plan import report as plan_report
 from dflash.plan import serving
-from tests.helpers import repo_params
+from dflash.plan.inputs import resolve_paths
+from tests.helpers import plan_params
 
-OVERLAY = "params/gpu-qwen3.6-27b.yaml"
 VOCAB_27B = 248_320
 HIDDEN_27B = 5_120
-
-
-@pytest.fixture(autouse=True)
-def _in_repo(repo_root, monkeypatch):
-    monkeypatch.chdir(repo_root)
-
-
-def _params(tmp_path: Path, *overrides: str, overlay: bool = True):
-    isolate = [
-        f"base.reports_dir={tmp_path / 'reports'}",
-        "plan.audit_json=",
-        "plan.tokenize_json=",
-        "plan.pilot_json=",
-    ]
-    return repo_params([*isolate, *overrides], [OVERLAY] if overlay else [])
 
 
 def test_geometric_acceptance_adds_up_to_tau_and_falls_with_the_position():
@@ -51,15 +35,15 @@ def test_coverage_scales_position_k_by_coverage_to_the_k():
 
 
 def test_acceptance_source_given_then_assumed_then_measured():
-    assert serving.choose_acceptance([0.5, 0.25], 3.0, [0.9], 7).source == "plan.serving.acceptance"
-    assert serving.choose_acceptance([], 3.0, [0.9], 7).tau == pytest.approx(3.0)
-    measured = serving.choose_acceptance([], 0, [0.6, 0.3], 7)
+    assert serving.choose_acceptance([0.5, 0.25], 3.0, [0.9], positions=7).source == "plan.serving.acceptance"
+    assert serving.choose_acceptance([], 3.0, [0.9], positions=7).tau == pytest.approx(3.0)
+    measured = serving.choose_acceptance([], 0, [0.6, 0.3], positions=7)
     assert measured.tau == pytest.approx(1.9) and "eval.json" in measured.source
-    assert serving.choose_acceptance([], 0, None, 7) is None
+    assert serving.choose_acceptance([], 0, None, positions=7) is None
 
 
 def test_the_27b_plan_predicts_the_speedup_with_and_without_a_32k_draft_vocabulary(tmp_path):
-    p = plan.build_plan(_params(tmp_path))
+    p = plan.build_plan(plan_params(tmp_path / "reports"))
     s = p.serving
     assert s.tau == pytest.approx(3.609) and s.draft_vocab_size == 32_768
     full = {r.batch: r for r in s.rows if r.vocab_rows == VOCAB_27B}
@@ -69,8 +53,9 @@ def test_the_27b_plan_predicts_the_speedup_with_and_without_a_32k_draft_vocabula
     assert b1.speedup == pytest.approx(b1.tau * b1.plain_ms / (b1.draft_ms + b1.verify_ms))
     assert b1.draft_bound == b1.verify_bound == "bandwidth"
     # at batch 1 the draft step reads every lm_head row: pruning saves exactly the bytes of the rows left out
-    gs = plan.generation_settings(_params(tmp_path))
-    bandwidth = p.hardware["bandwidth_tbps"] * 1e12 * gs.bandwidth_efficiency * gs.tensor_parallel_size
+    params = plan_params(tmp_path / "reports")
+    gs = plan.generation_settings(params, resolve_paths(params.plan, params.base))
+    bandwidth = p.hardware.profile.bandwidth_tbps * 1e12 * gs.bandwidth_efficiency * gs.tensor_parallel_size
     saved_ms = (VOCAB_27B - 32_768) * HIDDEN_27B * 2 / bandwidth * 1e3
     assert b1.draft_ms - pruned[1].draft_ms == pytest.approx(saved_ms, rel=1e-6)
     assert 0.3 < b1.draft_head_ms / b1.draft_ms < 0.5  # the issue's ~40% of drafting time
@@ -82,7 +67,7 @@ def test_the_27b_plan_predicts_the_speedup_with_and_without_a_32k_draft_vocabula
 
 
 def test_pruned_vocabulary_scales_only_the_drafter_lm_head_in_training(tmp_path):
-    s = plan.build_plan(_params(tmp_path)).serving
+    s = plan.build_plan(plan_params(tmp_path / "reports")).serving
     assert s.train_lm_head_tflops_pruned == pytest.approx(s.train_lm_head_tflops * 32_768 / VOCAB_27B)
     assert s.train_total_tflops - s.train_total_tflops_pruned == pytest.approx(
         s.train_lm_head_tflops - s.train_lm_head_tflops_pruned
@@ -91,8 +76,8 @@ def test_pruned_vocabulary_scales_only_the_drafter_lm_head_in_training(tmp_path)
 
 
 def test_coverage_below_one_lowers_the_pruned_tau_and_its_speedup(tmp_path):
-    whole = plan.build_plan(_params(tmp_path)).serving
-    low = plan.build_plan(_params(tmp_path, "plan.serving.draft_vocab_coverage=0.8")).serving
+    whole = plan.build_plan(plan_params(tmp_path / "reports")).serving
+    low = plan.build_plan(plan_params(tmp_path / "reports", "plan.serving.draft_vocab_coverage=0.8")).serving
     assert low.tau_pruned < whole.tau_pruned == pytest.approx(whole.tau)
     assert [r.speedup for r in low.rows if r.vocab_rows == 32_768] < [
         r.speedup for r in whole.rows if r.vocab_rows == 32_768
@@ -104,24 +89,24 @@ def test_plan_reads_eval_json_acceptance_and_shows_its_measured_speedup(tmp_path
     reports.mkdir()
     eval_json = {"acceptance": {"pos_2": 0.25, "pos_1": 0.5}, "speedup": 1.3, "platform": "cpu"}
     (reports / "eval.json").write_text(json.dumps(eval_json))
-    params = _params(tmp_path, "plan.serving.assumed_tau=0", "plan.serving.draft_vocab_size=0")
+    params = plan_params(tmp_path / "reports", "plan.serving.assumed_tau=0", "plan.serving.draft_vocab_size=0")
     p = plan.build_plan(replace(params, eval=replace(params.eval, max_num_seqs=1)))
     assert p.serving.acceptance == [0.5, 0.25] and p.serving.tau == pytest.approx(1.75)
     # eval ran on the CPU, the plan prices a GPU: shown, and said not comparable
     assert p.serving.measured_speedup == 1.3 and "not comparable" in p.serving.measured_note
     assert p.serving.draft_vocab_size == 0 and all(r.vocab_rows == p.serving.vocab_size for r in p.serving.rows)
-    md = plan_report.render_markdown(p.to_json())
+    md = plan_report.render_markdown(p)
     assert "## Serving: predicted speedup" in md and "eval measured 1.3 on cpu" in md
 
 
 def test_no_acceptance_no_serving_section(tmp_path):
-    p = plan.build_plan(_params(tmp_path, "plan.serving.assumed_tau=0"))
+    p = plan.build_plan(plan_params(tmp_path / "reports", "plan.serving.assumed_tau=0"))
     assert p.serving is None
-    assert "## Serving" not in plan_report.render_markdown(p.to_json())
+    assert "## Serving" not in plan_report.render_markdown(p)
 
 
 def test_bad_serving_params_are_refused(tmp_path):
     with pytest.raises(UserError, match="draft_vocab_size"):
-        plan.build_plan(_params(tmp_path, f"plan.serving.draft_vocab_size={VOCAB_27B + 1}"))
+        plan.build_plan(plan_params(tmp_path / "reports", f"plan.serving.draft_vocab_size={VOCAB_27B + 1}"))
     with pytest.raises(UserError, match="batch_sizes"):
-        plan.build_plan(_params(tmp_path, "plan.serving.batch_sizes=[0]"))
+        plan.build_plan(plan_params(tmp_path / "reports", "plan.serving.batch_sizes=[0]"))

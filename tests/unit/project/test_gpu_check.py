@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.helpers import GPU_CHECK_SCRIPT, run_gpu_check
+from tests.helpers.gpu import GPU_CHECK_SCRIPT, run_gpu_check
 
 
 def test_script_parses():

@@ -31,8 +31,20 @@ EXEMPT = {
     "dflash/core/paths.py",
 }
 STAGE_PACKAGES = ("target", "audit", "generate", "tokenize", "train", "eval", "plan", "report")
-# package -> the packages of ours it may import (besides itself)
-ALLOWED = {"core": set(), "drafter": {"core"}, **{p: {"core", "drafter"} for p in STAGE_PACKAGES}}
+# package -> the packages of ours it may import (besides itself), each its own: what it needs, and exactly what its
+# __init__ docstring's "May import:" names
+ALLOWED = {
+    "core": set(),
+    "drafter": {"core"},
+    "target": {"core"},
+    "audit": {"core"},
+    "generate": {"core"},
+    "tokenize": {"core", "drafter"},  # the draft vocabulary's token counts (dflash/drafter/vocab.py)
+    "train": {"core", "drafter"},
+    "eval": {"core", "drafter"},
+    "plan": {"core", "drafter"},  # the drafter's torch-free geometry and FLOPs
+    "report": {"core"},
+}
 HEAVY = ("torch", "transformers", "vllm")
 TORCH_FREE_STAGES = ("audit", "tokenize", "plan", "report")  # they run on data boxes without torch
 VLLM_PACKAGES = ("generate", "eval")
@@ -115,13 +127,26 @@ def stage_code_deps() -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def test_every_package_init_is_a_docstring_stating_its_imports():
+def test_every_package_init_is_a_docstring_naming_its_modules_and_imports():
+    """Each package's docstring is its map (docs/design/code-layout.md is generated from them): it names every module
+    of the package and exactly the packages of ours ALLOWED to it after "May import:"; the top one names every
+    package."""
+    assert set(ALLOWED) == {p.parent.name for p in (REPO / "dflash").glob("*/__init__.py")}
     for name in ["dflash", *(f"dflash.{p}" for p in ALLOWED)]:
         path = MODULES[name]
         assert is_docstring_only(path), f"{rel(name)}: an __init__ holds only its docstring (no re-exports)"
         doc = ast.get_docstring(ast.parse(path.read_text()))
-        if name != "dflash":
-            assert "May import:" in doc, f"{rel(name)}: the docstring must say what the package may import"
+        if name == "dflash":
+            unnamed = sorted(p for p in ALLOWED if f"{p}/" not in doc)
+            assert not unnamed, f"dflash/__init__.py: the docstring does not name {unnamed}"
+            continue
+        assert "May import:" in doc, f"{rel(name)}: the docstring must say what the package may import"
+        pkg = name.split(".")[1]
+        may = set(re.findall(r"\bdflash\.(\w+)", doc.split("May import:", 1)[1])) - {pkg}  # itself: always
+        assert may == ALLOWED[pkg], f"{rel(name)}: May import names {sorted(may)}, not {sorted(ALLOWED[pkg])}"
+        files = sorted(p.name for p in path.parent.glob("*.py") if p.name != "__init__.py")
+        unnamed = [f for f in files if not re.search(rf"(?<![\w.]){re.escape(f)}(?!\w)", doc)]
+        assert not unnamed, f"{rel(name)}: the docstring does not name {unnamed}"
 
 
 def test_imports_run_one_way():

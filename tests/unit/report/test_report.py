@@ -18,7 +18,8 @@ from dflash.eval.prompt_sets import set_rows
 from dflash.report import charts
 from dflash.report.page import CSP
 from dflash.report.stage import run
-from tests.helpers import REPO, repo_params, report_run
+from tests.helpers import REPO, repo_params
+from tests.helpers.dvc import report_run
 
 MODEL_FIGURES = ("pilot_sweep.png", "train_loss.png", "train_acceptance.png", "eval_acceptance.png")
 

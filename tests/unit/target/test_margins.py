@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dflash.target import margins
-from tests.helpers import NARROW_TARGET, repo_params
+from tests.helpers import repo_params
+from tests.helpers.models import NARROW_TARGET
 
 
 def test_summarize_counts_the_shares_below_each_bound():

@@ -20,7 +20,8 @@ from dflash.core.errors import UserError
 from dflash.core.gates import evaluate_gates
 from dflash.core.io import list_shards, read_arrow, read_json, write_arrow, write_json
 from dflash.target.build import qwen3_tokenizer_dir
-from tests.helpers import REPO, repo_params, write_conversations
+from tests.helpers import REPO, repo_params
+from tests.helpers.inputs import write_conversations
 
 IM_START, IM_END, NL, NL2, THINK, END_THINK = 151644, 151645, 198, 271, 151667, 151668
 USER, ASSISTANT, SYSTEM = 872, 77091, 8948

@@ -15,7 +15,8 @@ from dflash.core.errors import UserError
 from dflash.train import distributed
 from dflash.train.data import shard_step
 from dflash.train.loop import Trainer, train
-from tests.helpers import repo_params, train_overrides
+from tests.helpers import repo_params
+from tests.helpers.train import train_overrides
 
 # ------------------------------------------------------------------------------------------------ units
 
@@ -69,4 +70,4 @@ def test_a_world_change_without_global_batch_is_refused(tmp_path, train_target, 
     with pytest.raises(UserError, match=r"1 rows per optimizer step; this run takes 2 .* train\.global_batch=1"):
         Trainer(repo_params(bigger), train_data)
     same = Trainer(repo_params([*bigger, "train.global_batch=1"]), train_data)
-    assert same.ckpt_dir == Path(first["checkpoint_dir"]) and same.accum == 1
+    assert same.ckpt_dir == Path(first["checkpoint_dir"]) and same.data.accum == 1

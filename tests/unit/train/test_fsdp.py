@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dflash.train import parallel
 from dflash.train.loop import Trainer
-from tests.helpers import train_params
+from tests.helpers.train import train_params
 
 
 def test_fsdp_with_one_process_is_the_plain_module(caplog, train_target, train_data, tmp_path):  # noqa: F811

@@ -10,7 +10,7 @@ from transformers import Qwen3ForCausalLM
 
 from dflash.train.features import TargetFeatures
 from dflash.train.loss import LMHead, block_loss, dpace_weights, normaliser_share, slot_weights, target_rows
-from tests.helpers import small_qwen3_config
+from tests.helpers.models import small_qwen3_config
 
 B = 4
 

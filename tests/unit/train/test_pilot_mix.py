@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash.train.pilot import AnchorMix, epoch_step_seconds
+from dflash.train.pilot_data import AnchorMix, epoch_step_seconds
 
 ORDINARY = {"step_seconds": 1.0, "share": {"drafter": 0.8, "target": 0.15, "optimizer": 0.04, "data": 0.01}}
 

@@ -1,6 +1,6 @@
 """Online training: anchors, packing, features, the chunked zero-row loss, exact resume, golden losses.
 
-Everything runs on the small random Qwen3 target and hand-made shards of tests/helpers.py (vocab 512, hidden 64,
+Everything runs on the small random Qwen3 target and hand-made shards of tests/helpers/train.py (vocab 512, hidden 64,
 4 layers; lm_head rows 300..511 zeroed so the exact zero-row softmax is on the training path; documents of a few
 random prompt tokens (loss 0), then a fixed token cycle the drafter can learn (loss 1) ending with token 305, a
 zero lm_head row). DDP / FSDP / torchrun: tests/integration/ (test_train_ddp, test_train_fsdp, test_train_multinode).
@@ -40,9 +40,11 @@ from dflash.train.data import (
     write_shard,
 )
 from dflash.train.features import TargetFeatures
-from dflash.train.loop import Trainer, lr_factor, train
+from dflash.train.loop import Trainer, train
 from dflash.train.loss import LMHead, block_loss, slot_weights, tau_hat
-from tests.helpers import REPO, one_thread, repo_params, train_documents, train_overrides, train_params
+from dflash.train.parts import lr_factor
+from tests.helpers import REPO, repo_params
+from tests.helpers.train import one_thread, train_documents, train_overrides, train_params
 
 GOLDEN = REPO / "tests/golden/train_tiny.json"
 TRAIN_VOCAB, TRAIN_END, TRAIN_MASK = 512, 305, 511

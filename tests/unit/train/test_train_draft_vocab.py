@@ -13,7 +13,7 @@ from dflash.core.errors import UserError
 from dflash.core.io import iter_arrow_batches, read_json, write_json
 from dflash.drafter.vocab import COUNTS_FILE, TokenCounts, count_loss_tokens, coverage, select
 from dflash.train.loop import train
-from tests.helpers import TRAIN_END, TRAIN_VOCAB, one_thread, train_params
+from tests.helpers.train import TRAIN_END, TRAIN_VOCAB, one_thread, train_params
 
 
 def _tokenized(tmp_path, train_data):

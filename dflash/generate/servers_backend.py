@@ -20,7 +20,7 @@ module moves requests and judges the servers by what they do:
 - HTTP 429, or 503 with Retry-After: the server is left alone that long; not a failure, the request is not
   charged (a server that does nothing but back off for longer than a request's timeout is quarantined).
 - A charged request is retried after min(30, 0.5 x 2^tries) s on a server it has not failed on when there is
-  one; past `generate.max_unit_retries` retries it is a failed turn (TurnBook.fail: reason `request_failed`,
+  one; past `generate.request_retries` retries it is a failed turn (TurnBook.fail: reason `request_failed`,
   the error of every try kept for reports/generate_details.json), its conversation's later turns are skipped,
   and the rest of its unit is committed as usual. A rerun asks again for exactly those turns.
 - The run stops only when no server can serve: every one down or quarantined and each probed once since (at
@@ -46,8 +46,7 @@ from typing import Any
 
 from dflash.core.errors import UserError
 from dflash.core.params import GenerateParams
-from dflash.generate.contract import Unit, WorkerConfig
-from dflash.generate.dispatch import DispatchResult, EngineStats
+from dflash.generate.contract import DispatchResult, EngineStats, Unit, WorkerConfig
 from dflash.generate.endpoint import Endpoint, new_session, run_async
 from dflash.generate.health import HealthRules, ServerHealth
 from dflash.generate.progress import Progress
@@ -99,6 +98,7 @@ class ServersDispatcher:
         units: list[Unit],
         cfg: WorkerConfig,
         g: GenerateParams,
+        *,
         urls: list[str],  # base URLs (a dict's keys are taken)
         model: str,  # the served model id requests name
         tokenizer: Any,
@@ -236,7 +236,7 @@ class ServersDispatcher:
             self.take_down(server, f"quarantined after {why}; last: {exc.reason}")
             return
         req.charges.append((server.url, exc.reason))
-        if len(req.charges) > self.g.max_unit_retries:
+        if len(req.charges) > self.g.request_retries:
             tries = "; ".join(f"{url}: {reason}" for url, reason in req.charges)
             log.warning("turn %s failed on %d tries: %s", req.sid, len(req.charges), tries)
             self.book.fail(req.sid, "request_failed", f"{len(req.charges)} tries failed: {tries}")
@@ -453,30 +453,43 @@ def server_kwargs(cfg: WorkerConfig) -> dict:
     return {"seed": cfg.seed, "revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
 
 
-def serve(
-    units: list[Unit], cfg: WorkerConfig, g: GenerateParams, total_prompts: int, done: int, model: str
+def run_servers(
+    units: list[Unit], cfg: WorkerConfig, g: GenerateParams, *, total_prompts: int, done: int, model: str
 ) -> DispatchResult:
-    """The servers backend: the servers `g.server_registry` lists, `g.server_urls`, or `g.num_engines` local servers started (and stopped) here; each
-    server's model identity checked before its first request. The bars open first and say what is starting."""
+    """The servers backend: the servers `g.server_registry` lists, `g.server_urls`, or `g.num_engines` local servers
+    started (and stopped) here; each server's model identity checked before its first request. The bars open first
+    and say what is starting."""
     from dflash.core.hf import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.revision)
+
+    def dispatcher(urls: list[str], progress: Progress, registry: ServerRegistry | None = None) -> ServersDispatcher:
+        return ServersDispatcher(
+            units,
+            cfg,
+            g,
+            urls=urls,
+            model=model,
+            tokenizer=tokenizer,
+            total_prompts=total_prompts,
+            done=done,
+            progress=progress,
+            registry=registry,
+        )
+
     if g.server_registry:
         registry = ServerRegistry(Path(g.server_registry))
         progress = Progress("generate (all)", total_prompts, done, [], f"servers from {g.server_registry}")
-        return ServersDispatcher(units, cfg, g, [], model, tokenizer, total_prompts, done, progress, registry).run()
+        return dispatcher([], progress, registry).run()
     if g.server_urls:
         progress = Progress("generate (all)", total_prompts, done, list(g.server_urls), "checking servers")
-        return ServersDispatcher(
-            units, cfg, g, list(g.server_urls), model, tokenizer, total_prompts, done, progress
-        ).run()
+        return dispatcher(list(g.server_urls), progress).run()
     labels = [f"local server {i}" for i in range(g.num_engines)]
     progress = Progress("generate (all)", total_prompts, done, labels, f"starting {g.num_engines} local server(s)")
     try:
         with local_servers(g, cfg.model, model, on_wait=progress.tick, **server_kwargs(cfg)) as servers:
             progress.labels = [s["url"] for s in servers]
-            urls = [s["url"] for s in servers]
-            result = ServersDispatcher(units, cfg, g, urls, model, tokenizer, total_prompts, done, progress).run()
+            result = dispatcher([s["url"] for s in servers], progress).run()
             result.engine_start_s = [s["start_s"] for s in servers]
             return result
     finally:
