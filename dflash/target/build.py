@@ -22,6 +22,12 @@ of 2 x 39M floats) and compute that exact loss; the saved model is an ordinary Q
 Deterministic: same params -> same bytes (seeded init, seeded order, deterministic kernels).
 
 Command: python -m stages.target --params params.yaml
+
+Write the committed cache entry (dflash.target.cache) of params' recipe: pre-train it here, whatever the cache
+holds, save its trained tensors into `target.tiny.cache` and print the file's path (then commit the file, and
+delete the entry of a recipe no longer used; a few minutes on 2 cores for the demo's recipe):
+
+    python -m dflash.target.build --params params.yaml
 """
 
 from __future__ import annotations
@@ -318,3 +324,27 @@ def _write_reference(tp: TargetParams, out: Path, trust_remote_code: bool) -> di
         (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     write_json(out / TARGET_JSON, info)
     return {"source": tp.source}
+
+
+def write_cache_entry(tp: TargetParams, base: BaseParams) -> Path:
+    """Pre-train params' recipe here (whatever the cache holds) and write its entry into `target.tiny.cache`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "target"
+        metrics = build_tiny(tp, base, out, write_cache=True)
+    return Path(metrics["cache_entry"])
+
+
+def main(params: Any) -> None:
+    from dflash.core.errors import UserError
+
+    if params.target.source != "tiny" or params.target.tiny.steps == 0:
+        raise UserError("target.source tiny with target.tiny.steps > 0: only a pre-trained tiny target is cached")
+    print(write_cache_entry(params.target, params.base))
+
+
+if __name__ == "__main__":
+    from dflash.core import cli
+
+    cli.run(main, __doc__.split("\n\n")[0])

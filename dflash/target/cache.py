@@ -6,7 +6,7 @@ in their last bits), trained weights that differ in 3,342,580 of the 3,342,592 t
 in float32; in float64 they still differed in every element, by up to 1.5e-3 (docs/results/reproducibility.md).
 AdamW turns last-bit gradient differences into whole updates, and 200+ steps grow them. A target built on
 another CPU type is therefore another model: its greedy outputs, the generated data and tau follow. So the
-build of a recipe is done once (`python -m dflash.target.cache`) and its trained tensors are committed; the
+build of a recipe is done once (`python -m dflash.target.build`) and its trained tensors are committed; the
 target stage loads them when the recipe matches and pre-trains only recipes the cache does not hold.
 
 Key: the sha256 of the recipe, everything the trained weights depend on: the `target.tiny` values that shape the
@@ -20,10 +20,7 @@ construction, the other embedding rows the seeded initialisation), with metadata
 metrics of the build that wrote it, the sha256 of the model.safetensors it saved (a load compares its own), and
 where and when it was built. ~13 MB per recipe (3.34 M float32 values).
 
-Write the entry of params.yaml's recipe (pre-trains it here; then commit the file, and delete the entry of a
-recipe no longer used):
-
-    python -m dflash.target.cache --params params.yaml
+The entry of params.yaml's recipe is written by `python -m dflash.target.build --params params.yaml`.
 
 May import: torch, safetensors (lazily), dflash.core, dflash.target.
 """
@@ -42,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dflash.core.params import BaseParams, TargetParams
+from dflash.core.params import TargetParams
 
 log = logging.getLogger(__name__)
 
@@ -146,27 +143,3 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-def write(tp: TargetParams, base: BaseParams) -> Path:
-    """Pre-train params' recipe here (whatever the cache holds) and write its entry into `target.tiny.cache`."""
-    from dflash.target.build import build_tiny
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "target"
-        metrics = build_tiny(tp, base, out, write_cache=True)
-    return Path(metrics["cache_entry"])
-
-
-def main(params: Any) -> None:
-    from dflash.core.errors import UserError
-
-    if params.target.source != "tiny" or params.target.tiny.steps == 0:
-        raise UserError("target.source tiny with target.tiny.steps > 0: only a pre-trained tiny target is cached")
-    print(write(params.target, params.base))
-
-
-if __name__ == "__main__":
-    from dflash.core import cli
-
-    cli.run(main, __doc__.split("\n\n")[0])

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from dflash.target import build, cache
-from tests.helpers import NARROW_TARGET, repo_params
+from tests.helpers import repo_params
+from tests.helpers.models import NARROW_TARGET
 
 RECIPE = ("target.tiny.steps=2", "target.tiny.corpus_size=20", *NARROW_TARGET)
 
