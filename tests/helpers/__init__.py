@@ -28,10 +28,17 @@ GPU_OVERLAY = REPO / "params/gpu-qwen3.6-27b.yaml"
 HYBRID_OVERLAY = REPO / "params/demo-hybrid.yaml"
 
 
+# Applied before a test's own overrides: the unit and integration tests were written for a drafter over the whole
+# vocabulary (and switch drafter.kind freely, which a pruned vocabulary forbids for every kind but dflash); the
+# demo's pruned default (drafter.draft_vocab_size) has its own tests (test_vocab, test_train_draft_vocab,
+# test_export_vllm_vocab) and runs in the pipeline tests through params.yaml.
+TEST_DEFAULTS = ("drafter.draft_vocab_size=0",)
+
+
 def repo_params(overrides=(), overlays=()) -> Params:
-    """params.yaml of this checkout with `-S`-style `overrides` and overlay files applied (what a stage reads); a
-    relative overlay path is the repository's."""
-    return load_params(PARAMS, list(overrides), [REPO / o for o in overlays])
+    """params.yaml of this checkout with overlay files, TEST_DEFAULTS and `-S`-style `overrides` applied (what a
+    stage reads); a relative overlay path is the repository's."""
+    return load_params(PARAMS, [*TEST_DEFAULTS, *overrides], [REPO / o for o in overlays])
 
 
 def plan_params(reports: Path, *overrides: str, overlay: bool = True) -> Params:

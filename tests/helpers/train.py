@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash.core.params import Params
-from tests.helpers import repo_params
+from tests.helpers import TEST_DEFAULTS, repo_params
 from tests.helpers.models import small_qwen3_config
 
 
@@ -94,6 +94,7 @@ def train_documents(n: int, seed: int) -> list[tuple[list[int], list[int], int]]
 def train_overrides(target: Path, out: Path, *extra: str) -> list[str]:
     """The training tests' params: a 1-layer drafter over the train target, block 4, 2 epochs, CPU, no live dir."""
     return [
+        *TEST_DEFAULTS,
         f"base.target_dir={target}",
         "drafter.num_hidden_layers=1",
         "drafter.num_attention_heads=2",

@@ -24,7 +24,7 @@ from dflash.train.data import pack_best_fit, scan_shards, write_shard
 from dflash.train.loop import Trainer
 from dflash.train.pilot import run_pilot
 from dflash.train.pilot_data import PHASES, longest_rows, most_anchor_rows, row_anchors
-from tests.helpers import REPO, repo_params
+from tests.helpers import REPO, TEST_DEFAULTS, repo_params
 from tests.helpers.models import small_qwen3_config
 
 VOCAB, MASK = 512, 511
@@ -68,6 +68,7 @@ def setup(tmp_path_factory):
 
 def _overrides(target: Path, out: Path, *extra: str) -> list[str]:
     return [
+        *TEST_DEFAULTS,
         f"base.target_dir={target}",
         f"base.reports_dir={out / 'reports'}",
         "drafter.num_hidden_layers=2",

@@ -98,7 +98,7 @@ def test_wrong_types(params_file, path, value, expected):
 
 def test_float_accepts_int_and_exponent_strings(params_file):
     # YAML 1.1 (PyYAML) reads 6e-4 as a string; DVC (YAML 1.2) reads it as a float. We read as DVC does.
-    text = params_file.read_text().replace("lr: 3.0e-3", "lr: 6e-4")
+    text = params_file.read_text().replace("lr: 2.0e-3", "lr: 6e-4")  # target.tiny.lr
     params_file.write_text(text)
     assert load_params(params_file).target.tiny.lr == pytest.approx(6e-4)
     assert load_params(params_file, ["target.tiny.lr=1"]).target.tiny.lr == 1.0

@@ -43,7 +43,7 @@ from dflash.train.features import TargetFeatures
 from dflash.train.loop import Trainer, train
 from dflash.train.loss import LMHead, block_loss, slot_weights, tau_hat
 from dflash.train.parts import lr_factor
-from tests.helpers import REPO, repo_params
+from tests.helpers import REPO, TEST_DEFAULTS, repo_params
 from tests.helpers.train import one_thread, train_documents, train_overrides, train_params
 
 GOLDEN = REPO / "tests/golden/train_tiny.json"
@@ -264,7 +264,9 @@ def test_hybrid_qwen3_5_target_with_text_config(tmp_path):
     torch.manual_seed(0)
     Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).save_pretrained(tmp_path)
     (tmp_path / "target.json").write_text(json.dumps({"source": "test", "model": str(tmp_path), "revision": ""}))
-    params = lp(REPO / "params.yaml", ["drafter.mask_token_id=255", "drafter.target_layer_ids=[0, 1, 2]"])
+    params = lp(
+        REPO / "params.yaml", [*TEST_DEFAULTS, "drafter.mask_token_id=255", "drafter.target_layer_ids=[0, 1, 2]"]
+    )
     cfg = build_drafter_config(params.drafter, target_config_dict(tmp_path, False))  # reads text_config
     assert (cfg.hidden_size, cfg.vocab_size, cfg.num_target_layers) == (64, 256, 4)
     model = load_target(tmp_path, torch.float32, torch.device("cpu"), False)
