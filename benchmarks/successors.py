@@ -44,9 +44,13 @@ DATA = {
 # the reference at T 0 and 1 everywhere; vLLM (greedy) for the kind it serves here, its other baselines off
 EVAL_FIXED = ["eval.engines=[dflash]", "eval.reference_temperatures=[0.0, 1.0]", "eval.engine_timeout_s=3600"]
 # every point sets every key a point varies: `dvc exp run` in the workspace starts from the last point's params
-MATCHED = ["train.loss_target=tokens", "train.position_weighting=decay"]
-DFLASH_BEST_SAMPLED = ["train.loss_target=target_argmax", "train.position_weighting=dpace"]
-DFLASH2_ARGMAX = ["train.loss_target=target_argmax", "train.position_weighting=decay"]
+MATCHED = ["train.loss_target=tokens", "train.position_weighting=decay", "drafter.draft_vocab_size=0"]
+DFLASH_BEST_SAMPLED = [
+    "train.loss_target=target_argmax",
+    "train.position_weighting=dpace",
+    "drafter.draft_vocab_size=0",
+]
+DFLASH2_ARGMAX = ["train.loss_target=target_argmax", "train.position_weighting=decay", "drafter.draft_vocab_size=0"]
 
 
 def _git(*args: str) -> str:

@@ -208,6 +208,7 @@ def main() -> None:
             mask_token_id=VOCAB - 1,
             target_layer_ids=[0, 2],
             max_position_embeddings=1024,
+            draft_vocab_size=0,  # the whole vocabulary: the V2-only kinds have no pruned path
             dspark=dataclasses.replace(base.dspark, markov_rank=16),
             dflash2=dataclasses.replace(base.dflash2, selector_rank=16, selector_top_k=8),
         )

@@ -109,7 +109,8 @@ def test_two_nodes_give_one_process_gradients_and_write_once(runs, train_target,
         metrics = single.compute_gradients(0)
     # sharding by the global rank: the four ranks' documents are disjoint and together the global batch
     docs = [d for s in shards for d in s["docs"]]
-    assert sorted(docs) == sorted(int(d) for row in single.step_rows(0) for d in row) and len(set(docs)) == len(docs)
+    step_docs = sorted(int(d) for row in single.data.step_rows(0) for d in row)
+    assert sorted(docs) == step_docs and len(set(docs)) == len(docs)
     main = next(s for s in shards if s["dist"]["rank"] == 0)
     assert main["metrics"]["tokens"] == metrics["tokens"] and main["metrics"]["counted"] == metrics["counted"]
     assert main["metrics"]["correct"] == metrics["correct"]
