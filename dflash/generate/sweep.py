@@ -78,7 +78,8 @@ async def measure_level(endpoint: Endpoint, prompts: list[Request], n: int, prog
                 done.append((time.time(), latency, tokens))
                 if progress is not None:
                     progress.update(1, 0, tokens)
-        await asyncio.wait(inflight)  # drain, unmeasured
+        if inflight:  # empty when the last batch finished all at once (asyncio.wait refuses an empty set)
+            await asyncio.wait(inflight)  # drain, unmeasured
     finally:
         for t in inflight:
             t.cancel()

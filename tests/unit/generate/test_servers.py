@@ -6,11 +6,13 @@ Every address used here is 127.0.0.1. Real api_servers: tests/integration/test_g
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +20,7 @@ from dflash.core import concurrency
 from dflash.core.errors import ParamsError, UserError
 from dflash.core.io import list_shards, read_arrow, write_json
 from dflash.core.validate import check_generate
-from dflash.generate import servers
+from dflash.generate import servers, sweep
 from dflash.generate import servers_backend as client
 from dflash.generate.contract import count_prompts
 from dflash.generate.units import make_units
@@ -34,6 +36,28 @@ def _params(*overrides: str):
 
 
 # ------------------------------------------------------------------------------------------ knee, auto
+class _Together:
+    """An endpoint whose in-flight requests all finish in the same turn of the loop (a batched engine)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def complete(self, req):
+        self.sent += 1
+        await asyncio.sleep(0)
+        return SimpleNamespace(token_ids=[1, 2, 3])
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_sweep_level_whose_last_batch_finishes_together_ends(n: int) -> None:
+    # CI: a level ended with nothing left in flight and `asyncio.wait(set())` raised ValueError (the pilot failed)
+    endpoint = _Together()
+    row = asyncio.run(sweep.measure_level(endpoint, ["p0", "p1"], n))
+    assert row["measured_requests"] == max(2 * n, sweep.MIN_MEASURED)
+    assert endpoint.sent >= sweep.level_requests(n)
+
+
+
 
 
 @pytest.mark.parametrize(
