@@ -352,6 +352,7 @@ class DSparkLossParams:
     ce: float  # cross-entropy of the Markov-corrected draft against the slot's label (train.loss_target)
     l1: float  # L1 distance between the drafter's and the target's distributions (2 x total variation)
     confidence: float  # BCE of the confidence head against 1 - TV, the acceptance probability it predicts
+    confidence_to_markov: bool  # the BCE's gradient reaches the Markov embedding W1[prev] (the paper's trainers: true)
 
 
 @dataclass(frozen=True)

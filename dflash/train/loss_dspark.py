@@ -192,7 +192,8 @@ def dspark_loss(
         loss_target,
     )
     if drafter.confidence_head is not None and weights.confidence > 0:
-        logit = drafter.confidence_head(h, e)
+        # W1[prev] detached: the confidence term trains its projection and the body, not the Markov embedding
+        logit = drafter.confidence_head(h, e if weights.confidence_to_markov else e.detach())
         bce = F.binary_cross_entropy_with_logits(logit, accept.to(logit.dtype), reduction="none")
         loss = loss + weights.confidence * (bce * row_w.to(bce.dtype)).sum()
     counted = torch.bincount(rows.slot, minlength=b)

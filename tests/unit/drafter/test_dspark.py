@@ -91,7 +91,7 @@ def test_chunked_loss_equals_the_direct_full_vocabulary_loss(mode):
     params = [hidden, *heads.parameters()]
     want, hits, slot = _direct(lm, heads, ids, anchors, labels, valid, hidden, final, w / norm, mode)
     want_grads = torch.autograd.grad(want, params)
-    weights = DSparkLossParams(ce=0.1, l1=0.9, confidence=1.0)
+    weights = DSparkLossParams(ce=0.1, l1=0.9, confidence=1.0, confidence_to_markov=True)
     for chunk in (1, 4, 1000):
         out = dspark_loss(
             hidden,
@@ -120,6 +120,42 @@ def test_chunked_loss_equals_the_direct_full_vocabulary_loss(mode):
     assert torch.equal(w2_grad[tied], w2_grad[tied[:1]].expand(len(tied), -1))
     # the label's row (a data token in mode tokens; the other modes' labels are the target's argmaxes, all kept)
     assert torch.equal(w2_grad[28], w2_grad[tied[0]]) == (mode != "tokens")  # why a label's row is explicit
+
+
+def test_without_confidence_to_markov_the_confidence_term_leaves_w1_to_the_ce_and_l1_terms():
+    """confidence_to_markov false: the same loss, and the BCE's gradient reaches the body's hidden state and its own
+    projection as before but not the Markov embedding W1 (which then learns what CE + L1 alone teach it)."""
+    lm, heads, ids, anchors, labels, valid, hidden, final = _setup()
+    head = explicit_rows(LMHead.from_linear(lm), labels[valid])
+    w = slot_weights(B, 4.0)
+    params = [hidden, *heads.parameters()]  # hidden, w1, w2, proj.weight, proj.bias
+
+    def run(confidence: float, to_markov: bool):
+        weights = DSparkLossParams(ce=0.1, l1=0.9, confidence=confidence, confidence_to_markov=to_markov)
+        out = dspark_loss(
+            hidden,
+            labels,
+            valid,
+            head,
+            drafter=heads,
+            input_ids=ids,
+            anchors=anchors,
+            target_hidden=final,
+            slot_w=w,
+            normaliser=normaliser_share(valid, w),
+            chunk_rows=4,
+            weights=weights,
+        )
+        return out.loss, torch.autograd.grad(out.loss, params, allow_unused=True)
+
+    loss_in, into = run(1.0, True)
+    loss_cut, cut = run(1.0, False)
+    _, without = run(0.0, True)
+    assert torch.equal(loss_cut, loss_in)
+    torch.testing.assert_close(cut[1], without[1], rtol=0, atol=0)  # W1: the CE and L1 terms only
+    assert not torch.allclose(into[1], without[1])  # the BCE does reach W1 when allowed
+    for i in (0, 3, 4):  # the body's hidden state and the confidence projection: as before
+        torch.testing.assert_close(cut[i], into[i], rtol=0, atol=0)
 
 
 def test_the_markov_walk_feeds_each_draft_back_and_starts_at_the_anchor():

@@ -57,9 +57,6 @@ def test_sweep_level_whose_last_batch_finishes_together_ends(n: int) -> None:
     assert endpoint.sent >= sweep.level_requests(n)
 
 
-
-
-
 @pytest.mark.parametrize(
     "rates,chosen",
     [
