@@ -79,9 +79,30 @@ def _direct(lm, heads, ids, anchors, labels, valid, hidden, final, w, mode):
     return ((0.1 * first + 0.9 * l1 + 1.0 * bce) * row_w).sum(), (q.argmax(-1) == label), rows.slot
 
 
+def _run_loss(setup: tuple, head, w, norm, *, chunk: int, weights: DSparkLossParams, mode: str = "tokens"):
+    """dspark_loss over _setup()'s tensors with the given head, slot weights, normaliser, chunk and weights."""
+    _, heads, ids, anchors, labels, valid, hidden, final = setup
+    return dspark_loss(
+        hidden,
+        labels,
+        valid,
+        head,
+        drafter=heads,
+        input_ids=ids,
+        anchors=anchors,
+        target_hidden=final,
+        slot_w=w,
+        normaliser=norm,
+        chunk_rows=chunk,
+        weights=weights,
+        loss_target=mode,
+    )
+
+
 @pytest.mark.parametrize("mode", ["tokens", "target_argmax", "target_kl"])
 def test_chunked_loss_equals_the_direct_full_vocabulary_loss(mode):
-    lm, heads, ids, anchors, labels, valid, hidden, final = _setup()
+    setup = _setup()
+    lm, heads, ids, anchors, labels, valid, hidden, final = setup
     full = LMHead.from_linear(lm)
     head = explicit_rows(full, labels[valid])  # label 28 is a zero row: it gets its own W2 row
     assert full.num_zero == V - FIRST_ZERO and head.num_zero == V - FIRST_ZERO - 2  # 28 and the first zero row
@@ -93,21 +114,7 @@ def test_chunked_loss_equals_the_direct_full_vocabulary_loss(mode):
     want_grads = torch.autograd.grad(want, params)
     weights = DSparkLossParams(ce=0.1, l1=0.9, confidence=1.0, confidence_to_markov=True)
     for chunk in (1, 4, 1000):
-        out = dspark_loss(
-            hidden,
-            labels,
-            valid,
-            head,
-            drafter=heads,
-            input_ids=ids,
-            anchors=anchors,
-            target_hidden=final,
-            slot_w=w,
-            normaliser=norm,
-            chunk_rows=chunk,
-            weights=weights,
-            loss_target=mode,
-        )
+        out = _run_loss(setup, head, w, norm, chunk=chunk, weights=weights, mode=mode)
         grads = torch.autograd.grad(out.loss, params)
         torch.testing.assert_close(out.loss, want, rtol=1e-5, atol=1e-6)
         for a, b in zip(grads, want_grads, strict=True):
@@ -125,27 +132,15 @@ def test_chunked_loss_equals_the_direct_full_vocabulary_loss(mode):
 def test_without_confidence_to_markov_the_confidence_term_leaves_w1_to_the_ce_and_l1_terms():
     """confidence_to_markov false: the same loss, and the BCE's gradient reaches the body's hidden state and its own
     projection as before but not the Markov embedding W1 (which then learns what CE + L1 alone teach it)."""
-    lm, heads, ids, anchors, labels, valid, hidden, final = _setup()
+    setup = _setup()
+    lm, heads, ids, anchors, labels, valid, hidden, final = setup
     head = explicit_rows(LMHead.from_linear(lm), labels[valid])
     w = slot_weights(B, 4.0)
     params = [hidden, *heads.parameters()]  # hidden, w1, w2, proj.weight, proj.bias
 
     def run(confidence: float, to_markov: bool):
         weights = DSparkLossParams(ce=0.1, l1=0.9, confidence=confidence, confidence_to_markov=to_markov)
-        out = dspark_loss(
-            hidden,
-            labels,
-            valid,
-            head,
-            drafter=heads,
-            input_ids=ids,
-            anchors=anchors,
-            target_hidden=final,
-            slot_w=w,
-            normaliser=normaliser_share(valid, w),
-            chunk_rows=4,
-            weights=weights,
-        )
+        out = _run_loss(setup, head, w, normaliser_share(valid, w), chunk=4, weights=weights)
         return out.loss, torch.autograd.grad(out.loss, params, allow_unused=True)
 
     loss_in, into = run(1.0, True)
