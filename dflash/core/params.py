@@ -347,11 +347,11 @@ class TokenizeParams:
 
 @dataclass(frozen=True)
 class DSparkLossParams:
-    """drafter.kind dspark: the weights of the three terms of its loss (the DSpark paper's 0.1 / 0.9 / 1.0)."""
+    """drafter.kind dspark: the weights of the three terms of its loss (default CE alone; the DSpark paper: 0.1 / 0.9 / 1.0)."""
 
     ce: float  # cross-entropy of the Markov-corrected draft against the slot's label (train.loss_target)
     l1: float  # L1 distance between the drafter's and the target's distributions (2 x total variation)
-    confidence: float  # BCE of the confidence head against 1 - TV, the acceptance probability it predicts
+    confidence: float  # BCE of the confidence head against 1 - TV, the acceptance probability it predicts (0: the head stays at its init)
     confidence_to_markov: bool  # the BCE's gradient reaches the Markov embedding W1[prev] (the paper's trainers: true)
 
 
@@ -402,7 +402,7 @@ class TrainParams:
         "decay", "dpace"
     ]  # slot weights: decay = exp(-(k-1)/loss_gamma) (paper); dpace = D-PACE confidence weights (arXiv 2605.18810)
     loss_gamma: float  # slot k >= 1 weighs exp(-(k-1)/gamma) (paper: 7 for block 16, 5 for 10, 4 for 8)
-    dspark_loss: DSparkLossParams  # drafter.kind dspark: weights of its CE, L1 and confidence terms
+    dspark_loss: DSparkLossParams  # drafter.kind dspark: weights of its CE, L1 and confidence terms; CE alone leads the ablation (docs/results/successors.md; the paper: 0.1 / 0.9 / 1.0)
     dflash2_loss: DFlash2LossParams  # drafter.kind dflash2: weight of the selector's top-K loss
     lilicorr_loss: LiLiCorrLossParams  # drafter.kind lilicorr: weight of the correlator's transition loss
     logits_chunk_blocks: int  # blocks whose logits exist at once in the chunked loss
