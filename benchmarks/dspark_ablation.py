@@ -34,21 +34,16 @@ printed and written as markdown to --report.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-DSPARK = ["drafter.kind=dspark"]
+DSPARK = ["drafter.kind=dspark", "drafter.dspark.markov_init=zeros"]  # the paper's init; ce-counts: counts
 
 
 def _loss(ce: float, l1: float, confidence: float, to_markov: bool = True) -> list[str]:
@@ -70,11 +65,13 @@ POINTS: dict[str, tuple[list[str], str]] = {
     "ce.5+l1.5": ([*DSPARK, *_loss(0.5, 0.5, 1.0, False)], "CE 0.5, L1 0.5, confidence 1"),
     "ce-r8": ([*DSPARK, *_loss(1.0, 0.0, 0.0), "drafter.dspark.markov_rank=8"], "CE only, Markov rank 8"),
     "ce-r256": ([*DSPARK, *_loss(1.0, 0.0, 0.0), "drafter.dspark.markov_rank=256"], "CE only, Markov rank 256 (paper)"),
-    "ce-counts": ([*DSPARK, *_loss(1.0, 0.0, 0.0)], "CE only, the Markov head initialised from the count table"),
+    "ce-counts": (
+        ["drafter.kind=dspark", "drafter.dspark.markov_init=counts", *_loss(1.0, 0.0, 0.0)],
+        "CE only, the Markov head initialised from the count table (dflash/train/loss_dspark.py)",
+    ),
     "kind-dflash2": (["drafter.kind=dflash2"], "DFlash2 at params.yaml's selector loss"),
     "kind-lilicorr": (["drafter.kind=lilicorr"], "LiLiCorr at params.yaml's transition loss"),
 }
-COUNT_INIT = {"ce-counts"}  # points whose Markov head starts from the count table (count_table_init)
 MATCHED = ["drafter.draft_vocab_size=0"]
 COUNT_TABLE = "count_table.json"
 
@@ -112,51 +109,6 @@ def count_table(data: Path) -> dict:
         return sum(best.get(p) == n for p, n in zip(*pairs, strict=True)) / max(1, len(pairs[0]))
 
     return {"train": acc(train), "eval": acc(held), "train_pairs": len(train[0]), "eval_pairs": len(held[0])}
-
-
-def count_table_init(data: Path, rank: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """W1 and W2 rows for the tokens of the train completions such that W2 W1[prev] is the best rank-r
-    approximation of log(1 + count(prev -> next)): zero for a successor never seen (as W2 = 0 gives every token),
-    growing with the count, so its argmax is the table's choice wherever the rank holds it. Returns (tokens,
-    W1 rows, W2 rows), each row r wide; the other rows keep their initialisation."""
-    import torch
-
-    prev, nxt = completion_pairs(data / "train")
-    tokens = sorted(set(prev) | set(nxt))
-    index = {t: i for i, t in enumerate(tokens)}
-    counts = torch.zeros(len(tokens), len(tokens), dtype=torch.float64)
-    for p, n in zip(prev, nxt, strict=True):
-        counts[index[p], index[n]] += 1
-    u, s, vh = torch.linalg.svd(torch.log1p(counts))
-    r = min(rank, len(tokens))
-    root = s[:r].sqrt()
-    w1 = torch.zeros(len(tokens), rank, dtype=torch.float64)
-    w2 = torch.zeros(len(tokens), rank, dtype=torch.float64)
-    w1[:, :r], w2[:, :r] = u[:, :r] * root, vh[:r].T * root
-    return tokens, w1.float(), w2.float()
-
-
-@contextlib.contextmanager
-def markov_init_from_counts(data: Path):
-    """While open, every MarkovHead built starts from the count table (count_table_init) instead of W2 = 0."""
-    import torch
-
-    from dflash.drafter.dspark import MarkovHead
-
-    original = MarkovHead.reset_parameters
-
-    def reset(head: MarkovHead, std: float) -> None:
-        original(head, std)
-        tokens, w1, w2 = count_table_init(data, head.markov_w1.weight.shape[1])
-        with torch.no_grad():
-            head.markov_w1.weight[tokens] = w1
-            head.markov_w2.weight[tokens] = w2
-
-    MarkovHead.reset_parameters = reset
-    try:
-        yield
-    finally:
-        MarkovHead.reset_parameters = original
 
 
 def head_accuracy(drafter, pairs: tuple[list[int], list[int]], chunk: int = 64) -> float | None:
@@ -277,8 +229,7 @@ def run_point(args, budget: str, name: str) -> dict:
         return result
     params = load_params(args.params, overrides)
     print(f"{budget}-{name}: training ({POINTS[name][1]})", flush=True)
-    with markov_init_from_counts(Path(args.data)) if name in COUNT_INIT else contextlib.nullcontext():
-        summary = train(params, Path(args.data) / "train")
+    summary = train(params, Path(args.data) / "train")
     train_s = summary["steps_seconds"]  # every optimizer step of the run, a resumed one's earlier steps included
     if not summary["completed"]:
         raise SystemExit(f"{budget}-{name}: training stopped at step {summary['steps']} of {summary['total_steps']}")

@@ -95,6 +95,9 @@ class DSparkParams:
     """drafter.kind dspark: the heads DSpark adds to the DFlash backbone (dflash/drafter/dspark.py)."""
 
     markov_rank: int  # r of the Markov head (W1, W2: V x r each, 2 x V x r parameters; DSpark paper: 256)
+    markov_init: Literal[
+        "zeros", "counts"
+    ]  # how the Markov head starts: zeros = W2 0 (the paper's; drafts with the backbone alone), counts = the rank-r approximation of log(1 + previous-token counts) of the training data (docs/results/successors.md)
     confidence_head: (
         bool  # train and export the acceptance-confidence head (vLLM reads it only with adaptive verification)
     )

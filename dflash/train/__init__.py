@@ -6,7 +6,8 @@
   loss.py         decayed CE through the frozen lm_head in chunks (exact zero-row softmax), accuracy, tau_hat
   micro.py        MicroBatch: one micro-step's rows, anchors, labels and valid flags on the drafter's device; the
                   kind's loss of a micro-step (micro_loss); the seeded feature noise
-  loss_dspark.py  DSpark: Markov-corrected CE + L1 to the target's distribution + confidence BCE, chunked
+  loss_dspark.py  DSpark: Markov-corrected CE + L1 to the target's distribution + confidence BCE, chunked; the
+                  Markov head's start from the data's previous-token counts (drafter.dspark.markov_init)
   loss_dflash2.py DFlash2: the lm_head loss + the candidate selector's top-K cross-entropy
   draft_vocab.py  drafter.draft_vocab_size: the run's pruned vocabulary, its loss head, label mask and coverage
   loss_lilicorr.py LiLiCorr: the lm_head loss + the correlator's teacher-forced transition cross-entropy

@@ -240,6 +240,67 @@ def supervised_tokens(paths: list, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(seen))
 
 
+MARKOV_INIT_TOKENS = 4096  # the most frequent supervised tokens the count table spans (a dense SVD of its square)
+
+
+@dataclass(frozen=True)
+class PreviousTokenCounts:
+    """How often each supervised token follows another in the training shards (adjacent, both under the loss mask,
+    in one document), over the MARKOV_INIT_TOKENS most frequent of them."""
+
+    tokens: torch.Tensor  # (n,) token ids, the rows and columns of counts
+    counts: torch.Tensor  # (n, n) float64: counts[i, j] = times tokens[j] follows tokens[i]
+
+
+def previous_token_counts(paths: list, vocab_size: int, limit: int = MARKOV_INIT_TOKENS) -> PreviousTokenCounts:
+    """One scan of the training shards' input_ids and loss_mask (the table drafter.dspark.markov_init reads)."""
+    import numpy as np
+
+    from dflash.core.io import iter_arrow_batches
+
+    keys = []
+    for path in paths:
+        for batch in iter_arrow_batches(path):
+            names = batch.schema.names
+            column = batch.column(names.index("input_ids"))
+            ids = column.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+            mask = batch.column(names.index("loss_mask")).flatten().to_numpy(zero_copy_only=False) != 0
+            starts = np.zeros(len(ids), dtype=bool)  # the first token of each document has no predecessor
+            starts[np.cumsum(column.value_lengths().to_numpy(zero_copy_only=False))[:-1]] = True
+            starts[:1] = True
+            ok = mask & (ids >= 0) & (ids < vocab_size)
+            pair = ok[1:] & ok[:-1] & ~starts[1:]
+            keys.append(ids[:-1][pair] * vocab_size + ids[1:][pair])
+    pairs, times = np.unique(np.concatenate(keys) if keys else np.zeros(0, np.int64), return_counts=True)
+    prev, nxt = pairs // vocab_size, pairs % vocab_size
+    frequency = np.bincount(np.concatenate([prev, nxt]), np.concatenate([times, times]), minlength=vocab_size)
+    seen = np.flatnonzero(frequency)
+    tokens = np.sort(seen[np.argsort(-frequency[seen], kind="stable")[:limit]])
+    index = np.full(vocab_size, -1, dtype=np.int64)
+    index[tokens] = np.arange(len(tokens))
+    keep = (index[prev] >= 0) & (index[nxt] >= 0)
+    counts = np.zeros((len(tokens), len(tokens)), dtype=np.float64)
+    counts[index[prev[keep]], index[nxt[keep]]] = times[keep]
+    return PreviousTokenCounts(tokens=torch.from_numpy(tokens), counts=torch.from_numpy(counts))
+
+
+def init_markov_from_counts(w1: torch.Tensor, w2: torch.Tensor, table: PreviousTokenCounts) -> None:
+    """W1 and W2 rows of the table's tokens such that W2 W1[prev] is the best rank-r approximation of
+    log(1 + counts): zero for a successor never seen (what W2 = 0 gives every token), growing with the count, so
+    the Markov head starts out knowing the table as far as its rank holds it (docs/results/successors.md). The
+    other rows keep their initialisation (W2 = 0 there keeps the zero lm_head rows tied)."""
+    if not len(table.tokens):
+        return
+    u, s, vh = torch.linalg.svd(torch.log1p(table.counts))
+    r = min(w1.shape[1], len(s))
+    root = s[:r].sqrt()
+    with torch.no_grad():
+        w1[table.tokens] = 0.0
+        w2[table.tokens] = 0.0
+        w1[table.tokens, :r] = (u[:, :r] * root).to(w1.dtype)
+        w2[table.tokens, :r] = (vh[:r].T * root).to(w2.dtype)
+
+
 def zero_rows_tied(head: LMHead, w2: torch.Tensor) -> bool:
     """The W2 rows of the zero lm_head rows are one shared row (the chunked loss's assumption; module docstring)."""
     if not head.num_zero:
@@ -248,4 +309,15 @@ def zero_rows_tied(head: LMHead, w2: torch.Tensor) -> bool:
     return bool((rows == rows[:1]).all())
 
 
-__all__ = ["DSparkRows", "dspark_loss", "dspark_rows", "explicit_rows", "supervised_tokens", "zero_rows_tied"]
+__all__ = [
+    "MARKOV_INIT_TOKENS",
+    "DSparkRows",
+    "PreviousTokenCounts",
+    "dspark_loss",
+    "dspark_rows",
+    "explicit_rows",
+    "init_markov_from_counts",
+    "previous_token_counts",
+    "supervised_tokens",
+    "zero_rows_tied",
+]

@@ -37,7 +37,13 @@ from dflash.train.data import DocIndex
 from dflash.train.draft_vocab import DraftVocabRun
 from dflash.train.features import TargetFeatures, target_identity
 from dflash.train.loss import LMHead, slot_weights
-from dflash.train.loss_dspark import explicit_rows, supervised_tokens, zero_rows_tied
+from dflash.train.loss_dspark import (
+    explicit_rows,
+    init_markov_from_counts,
+    previous_token_counts,
+    supervised_tokens,
+    zero_rows_tied,
+)
 
 # train keys that do not change the trained weights: outside the checkpoint hash (see TrainParams)
 OPERATIONAL = (
@@ -104,14 +110,15 @@ def checkpoint_key(
     index: DocIndex,
 ) -> dict[str, Any]:
     """Everything that changes the trained weights (the checkpoint folder's hash): the train params but the
-    OPERATIONAL ones and the other kinds' losses, the global batch, the drafter, the seed, the compute path, the
-    target and the data."""
+    OPERATIONAL ones and the other kinds' losses, the global batch, the drafter (and how a Markov head starts), the
+    seed, the compute path, the target and the data."""
     tp = params.train
     idle_losses = {s.loss_params for s in KINDS.values() if s.loss_params and s.name != cfg.kind}  # the others'
     return {
         "train": {k: v for k, v in as_dict(tp).items() if k not in OPERATIONAL and k not in idle_losses},
         "rows_per_step": rows_per_step,
         "drafter": config_dict(cfg),
+        **({"markov_init": params.drafter.dspark.markov_init} if cfg.markov_rank else {}),  # the export omits it
         "seed": params.base.seed,
         "compute": {"device": devices.drafter.type, "dtype": str(devices.dtype), "attention": devices.attention},
         "target": target_identity(params.base.target_dir, target_config),
@@ -186,10 +193,15 @@ class DrafterParts:
 def build_training(
     params: Params, cfg: DrafterConfig, devices: Devices, *, head: LMHead, index: DocIndex, total_steps: int, world: int
 ) -> DrafterParts:
-    """The drafter (seeded by base.seed), wrapped for train.parallel, its AdamW and warmup + cosine schedule."""
+    """The drafter (seeded by base.seed; DSpark's Markov head from the data's previous-token counts when
+    drafter.dspark.markov_init is counts), wrapped for train.parallel, its AdamW and warmup + cosine schedule."""
     tp = params.train
     torch.manual_seed(params.base.seed)
     model = build_drafter(cfg, device=devices.drafter, dtype=torch.float32)
+    markov = getattr(model, "markov_head", None)
+    if markov is not None and params.drafter.dspark.markov_init == "counts":
+        table = previous_token_counts(index.paths, cfg.vocab_size)
+        init_markov_from_counts(markov.markov_w1.weight, markov.markov_w2.weight, table)
     loss_head = head
     if model.label_row_weight() is not None and head.num_zero:
         loss_head = explicit_rows(head, supervised_tokens(index.paths, cfg.vocab_size))

@@ -169,3 +169,44 @@ def test_the_markov_walk_feeds_each_draft_back_and_starts_at_the_anchor():
     base = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
     heads.markov_head = untrained
     assert markov_walk(heads, base, 5, lambda row, j: int(row.argmax()))[0] == base.argmax(-1).tolist()
+
+
+def test_previous_token_counts_pair_supervised_neighbours_within_a_document(tmp_path):
+    """Pairs need both tokens under the loss mask and in one document; the limit keeps the most frequent tokens."""
+    from dflash.train.data import write_shard
+    from dflash.train.loss_dspark import previous_token_counts
+
+    docs = [
+        ([1, 2, 3, 4, 3, 4], [0, 0, 1, 1, 1, 1], 2),  # 3->4 twice, 4->3 once; 2->3 crosses the mask
+        ([4, 3, 4, 5], [1, 1, 1, 1], 0),  # 4->3, 3->4, 4->5; its 4 does not follow the 4 that ends the first
+    ]
+    write_shard(tmp_path / "shard-00000.arrow", docs[:1], "a")
+    write_shard(tmp_path / "shard-00001.arrow", docs[1:], "b")
+    paths = sorted(tmp_path.glob("*.arrow"))
+    table = previous_token_counts(paths, vocab_size=10)
+    assert table.tokens.tolist() == [3, 4, 5]
+    assert table.counts.tolist() == [[0, 3, 0], [2, 0, 1], [0, 0, 0]]
+    top = previous_token_counts(paths, vocab_size=10, limit=2)  # 5 is the least frequent: its pair goes
+    assert top.tokens.tolist() == [3, 4] and top.counts.tolist() == [[0, 3], [2, 0]]
+
+
+def test_the_count_initialised_markov_head_picks_each_tokens_most_frequent_successor():
+    """At a rank that holds the table, argmax W2 W1[prev] is the table's choice; other rows keep their init."""
+    from dflash.train.loss_dspark import PreviousTokenCounts, init_markov_from_counts
+
+    counts = torch.tensor([[0, 5, 1, 0], [2, 0, 0, 7], [0, 0, 0, 3], [4, 1, 1, 0]], dtype=torch.float64)
+    tokens = torch.tensor([3, 5, 6, 9])
+    head = MarkovHead(vocab=12, rank=4)
+    head.reset_parameters(0.02)
+    before = head.markov_w1.weight.detach().clone()
+    init_markov_from_counts(head.markov_w1.weight, head.markov_w2.weight, PreviousTokenCounts(tokens, counts))
+    with torch.no_grad():
+        best = head.bias(head.embed(tokens)).argmax(1)
+    assert best.tolist() == tokens[counts.argmax(1)].tolist()
+    others = [i for i in range(12) if i not in tokens.tolist()]
+    assert torch.equal(head.markov_w1.weight[others], before[others])
+    assert not head.markov_w2.weight[others].any()  # W2 = 0 outside: the zero lm_head rows stay tied
+    low = MarkovHead(vocab=12, rank=1)  # rank 1 cannot hold this table: one direction for every row
+    init_markov_from_counts(low.markov_w1.weight, low.markov_w2.weight, PreviousTokenCounts(tokens, counts))
+    with torch.no_grad():
+        assert low.bias(low.embed(tokens)).argmax(1).unique().numel() == 1
